@@ -1,0 +1,10 @@
+# Flags for the project's own executables (not forced on consumers of the header library).
+add_library(clover_build_flags INTERFACE)
+target_compile_options(clover_build_flags INTERFACE -Wall -Wextra -Wno-unused-parameter)
+if(CLOVER_NATIVE)
+    target_compile_options(clover_build_flags INTERFACE -march=native)
+endif()
+if(CLOVER_SANITIZE)
+    target_compile_options(clover_build_flags INTERFACE -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+    target_link_options(clover_build_flags INTERFACE -fsanitize=address,undefined)
+endif()
