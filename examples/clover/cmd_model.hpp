@@ -1,0 +1,95 @@
+#pragma once
+// `clover logits` and `clover generate` (cli.md).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common.hpp"
+
+namespace clover::cli {
+
+inline void add_model_commands(CLI::App& app) {
+    {
+        auto* c = app.add_subcommand("logits", "Evaluate ids as one prompt and write float32 logits [n_ids, n_vocab]");
+        struct opts {
+            std::string model, ids, ids_file, out, block_ids;
+            int threads = 0;
+            long long coreset = -1;
+        };
+        auto o = std::make_shared<opts>();
+        c->add_option("-m,--model", o->model, "GGUF model file")->required();
+        c->add_option("--ids", o->ids, "prompt token ids, comma separated");
+        c->add_option("--ids-file", o->ids_file, "file with prompt ids (comma or whitespace separated)");
+        c->add_option("-o,--output", o->out, "output file (float32, little-endian, row-major)")->required();
+        c->add_option("--block-ids", o->block_ids, "block rows for one preview pass after the prompt");
+        c->add_option("--coreset", o->coreset, "expert coreset size for the preview pass");
+        c->add_option("-t,--threads", o->threads, "threads (0: all)");
+        c->callback([o] {
+            if (o->ids.empty() == o->ids_file.empty()) fail("logits: give exactly one of --ids or --ids-file");
+            std::vector<token> ids = o->ids.empty() ? parse_ids(read_file(o->ids_file), o->ids_file) : parse_ids(o->ids, "--ids");
+            if (ids.empty()) fail("logits: no token ids given");
+            if (!o->block_ids.empty()) fail("logits: --block-ids (preview passes) is not available in this build yet");
+            auto m = open_model(o->model, o->threads);
+            auto s = m->new_session({.ctx = std::int64_t(ids.size())});
+            std::vector<float> logits;
+            m->commit(s, ids, logits_rows::all, logits);
+            std::FILE* f = std::fopen(o->out.c_str(), "wb");
+            if (!f) fail(o->out, ": cannot create file");
+            const std::size_t n = std::fwrite(logits.data(), sizeof(float), logits.size(), f);
+            if (std::fclose(f) != 0 || n != logits.size()) fail(o->out, ": write failed");
+        });
+    }
+    {
+        auto* c = app.add_subcommand("generate", "Generate token ids after a prompt of ids");
+        struct opts {
+            std::string model, ids, ids_file, decoder = "ar";
+            long long n = 32, ctx = 0, block = 32, coreset = 16;
+            int threads = 0;
+            bool greedy = false, ignore_eos = false;
+            float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, threshold = 0.95f;
+            int top_k = 40;
+            unsigned long long seed = 0;
+        };
+        auto o = std::make_shared<opts>();
+        c->add_option("-m,--model", o->model, "GGUF model file")->required();
+        c->add_option("--ids", o->ids, "prompt token ids, comma separated");
+        c->add_option("--ids-file", o->ids_file, "file with prompt ids");
+        c->add_option("-n,--n-predict", o->n, "tokens to generate")->check(CLI::Range(1LL, 1LL << 30));
+        c->add_flag("--greedy", o->greedy, "argmax decoding");
+        c->add_flag("--ignore-eos", o->ignore_eos, "do not stop at end-of-generation tokens");
+        c->add_option("--decoder", o->decoder, "ar | diffusion | speculative")->check(CLI::IsMember({"ar", "diffusion", "speculative"}));
+        c->add_option("--block", o->block, "diffusion block size")->check(CLI::Range(1LL, 4096LL));
+        c->add_option("--threshold", o->threshold, "diffusion confidence threshold")->check(CLI::Range(0.0f, 1.0f));
+        c->add_option("--coreset", o->coreset, "expert coreset size for preview passes")->check(CLI::Range(0LL, 1LL << 20));
+        c->add_option("--temp", o->temp, "temperature (ignored with --greedy)")->check(CLI::Range(0.0f, 100.0f));
+        c->add_option("--top-k", o->top_k, "top-k (0: off)")->check(CLI::Range(0, 1 << 30));
+        c->add_option("--top-p", o->top_p, "top-p")->check(CLI::Range(0.0f, 1.0f));
+        c->add_option("--min-p", o->min_p, "min-p")->check(CLI::Range(0.0f, 1.0f));
+        c->add_option("--seed", o->seed, "sampling seed");
+        c->add_option("-c,--ctx-size", o->ctx, "context size (0: prompt + n)")->check(CLI::Range(0LL, 1LL << 31));
+        c->add_option("-t,--threads", o->threads, "threads (0: all)");
+        c->callback([o] {
+            if (o->ids.empty() == o->ids_file.empty()) fail("generate: give exactly one of --ids or --ids-file");
+            std::vector<token> ids = o->ids.empty() ? parse_ids(read_file(o->ids_file), o->ids_file) : parse_ids(o->ids, "--ids");
+            if (ids.empty()) fail("generate: no token ids given");
+            if (o->decoder != "ar") fail("generate: --decoder ", o->decoder, " is not available in this build yet (use ar)");
+            auto m = open_model(o->model, o->threads);
+            const std::int64_t ctx = o->ctx > 0 ? o->ctx : std::int64_t(ids.size()) + o->n;
+            auto s = m->new_session({.ctx = ctx});
+            decode::generate_options g;
+            g.max_tokens = o->n;
+            g.ignore_eos = o->ignore_eos;
+            if (auto eos = m->weights().file->get_int("tokenizer.ggml.eos_token_id")) g.eog.push_back(token(*eos));
+            if (!o->greedy) g.sampling = {o->temp, o->top_k, o->top_p, o->min_p, o->seed};
+            std::vector<token> out;
+            auto st = decode::generate<decode::ar>(*m, s, ids, g, [&](token t) { out.push_back(t); return true; });
+            std::printf("%s\n", join_ids(out).c_str());
+            std::fflush(stdout);
+            std::fprintf(stderr, "%s\n", st.json().c_str());
+        });
+    }
+}
+
+}  // namespace clover::cli

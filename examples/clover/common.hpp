@@ -1,0 +1,60 @@
+#pragma once
+// Shared pieces of the `clover` command: id lists, model opening, output helpers.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <clover/clover.hpp>
+
+namespace clover::cli {
+
+inline void warn(const std::string& msg) { std::fprintf(stderr, "warning: %s\n", msg.c_str()); }
+
+// "1,2,3" or "1 2 3" (any mix of commas and whitespace).
+inline std::vector<token> parse_ids(const std::string& text, const std::string& what) {
+    std::vector<token> ids;
+    std::string cur;
+    auto flush = [&] {
+        if (cur.empty()) return;
+        std::size_t pos = 0;
+        long long v = 0;
+        try {
+            v = std::stoll(cur, &pos);
+        } catch (...) {
+            pos = 0;
+        }
+        if (pos != cur.size() || v < 0 || v > 0x7fffffff) fail(what, ": '", cur, "' is not a token id");
+        ids.push_back(token(v));
+        cur.clear();
+    };
+    for (char c : text) {
+        if (c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r') flush();
+        else cur += c;
+    }
+    flush();
+    return ids;
+}
+
+inline std::string read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) fail(path, ": cannot open");
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+inline std::string join_ids(const std::vector<token>& ids) {
+    std::string s;
+    for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+    return s;
+}
+
+using runtime_model = model<variants::from_file, backend::cpu>;
+
+inline std::unique_ptr<runtime_model> open_model(const std::string& path, int threads) {
+    return std::make_unique<runtime_model>(load(path), backend::cpu_options{threads}, &warn);
+}
+
+}  // namespace clover::cli

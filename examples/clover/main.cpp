@@ -1,0 +1,34 @@
+// The `clover` command (../shared/spec/cli.md). Each subcommand lives in a cmd_*.hpp; errors
+// from the library arrive as clover::error and are printed as one line.
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+
+#include "cmd_gguf.hpp"
+#include "cmd_model.hpp"
+
+int main(int argc, char** argv) {
+    CLI::App app{"clover: Clover-35B-A3B and Qwen3.5/3.6 hybrid MoE inference"};
+    app.require_subcommand(1);
+    clover::cli::add_model_commands(app);
+    clover::cli::add_gguf_commands(app);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        if (e.get_exit_code() == 0) return app.exit(e);
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 2;
+    } catch (const clover::error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
