@@ -95,7 +95,6 @@ void check_fits(const hparams& h, const std::string& path) {
         if (want != dynamic && want != got)
             fail(path, ": does not fit variant '", V::name, "': ", what, " is ", got, " in the file, ", want, " in the variant");
     };
-    chk("n_vocab", V::n_vocab, h.n_vocab);
     chk("embedding_length", V::n_embd, h.n_embd);
     chk("block_count", V::n_layer, h.n_layer);
     chk("attention.head_count", V::n_head, h.n_head);
@@ -111,6 +110,7 @@ void check_fits(const hparams& h, const std::string& path) {
     chk("expert_used_count", V::n_expert_used, h.n_expert_used);
     chk("expert_feed_forward_length", V::n_ff_exp, h.n_ff_exp);
     chk("expert_shared_feed_forward_length", V::n_ff_shexp, h.n_ff_shexp);
+    chk("n_vocab (token_embd rows)", V::n_vocab, h.n_vocab);
 }
 
 }  // namespace clover

@@ -1,0 +1,57 @@
+#pragma once
+// Helpers shared by the test executables.
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <clover/core/rng.hpp>
+#include <clover/model/synth.hpp>
+
+namespace testutil {
+
+inline std::string tmp(const std::string& name) { return std::string(CLOVER_TEST_TMP) + "/" + name; }
+
+// Writes a synthetic model once per test run (keyed by file name).
+inline std::string synth_file(const std::string& name, const clover::synth::spec& s) {
+    const std::string path = tmp(name);
+    clover::synth::write(s, path);
+    return path;
+}
+
+// An odd-shaped spec: nothing is a power of two, dk != dv, 3 V heads per QK head, a conv of 3,
+// attention every 2nd layer, and rope sections that leave one frequency slot on the "extra"
+// stream (not rotated for text).
+inline clover::synth::spec odd_spec() {
+    clover::synth::spec s;
+    s.preset = "odd";
+    s.n_vocab = 300; s.n_embd = 40; s.n_layer = 5; s.interval = 2;
+    s.n_head = 6; s.n_head_kv = 2; s.head_dim = 12; s.n_rot = 8; s.sections = {1, 1, 0, 1};
+    s.rope_theta = 5000.f;
+    s.ssm_conv = 3; s.ssm_d_state = 5; s.ssm_n_group = 2; s.ssm_dt_rank = 6; s.ssm_d_inner = 42;
+    s.n_expert = 5; s.n_expert_used = 3; s.n_ff_exp = 9; s.n_ff_shexp = 11;
+    s.seed = 7;
+    return s;
+}
+
+inline std::vector<float> random_vec(std::size_t n, std::uint64_t seed, float lo = -1.f, float hi = 1.f) {
+    clover::rng r(seed);
+    std::vector<float> v(n);
+    for (auto& x : v) x = r.uniform(lo, hi);
+    return v;
+}
+
+inline float max_abs(const std::vector<float>& v) {
+    float m = 0;
+    for (float x : v) m = std::max(m, std::fabs(x));
+    return m;
+}
+
+inline float max_abs_diff(const float* a, const float* b, std::size_t n) {
+    float m = 0;
+    for (std::size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+    return m;
+}
+
+}  // namespace testutil
