@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks to build and test clover: compilers, CMake, the
+# header libraries (Debian packages only), Node.js/npm for the peers, then the peers themselves.
+set -euo pipefail
+pkgs="build-essential cmake ninja-build pkg-config git libeigen3-dev doctest-dev nlohmann-json3-dev
+      libcpp-httplib-dev libpcre2-dev libcli11-dev nodejs npm"
+missing=""
+for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+    sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
+    $sudo_cmd apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends $missing
+fi
+bash "$(dirname "$0")/../tools/peers/setup.sh"
