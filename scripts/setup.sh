@@ -3,9 +3,12 @@
 # header libraries (Debian packages only), Node.js/npm for the peers, then the peers themselves.
 set -euo pipefail
 pkgs="build-essential cmake ninja-build pkg-config git libeigen3-dev doctest-dev nlohmann-json3-dev
-      libcpp-httplib-dev libpcre2-dev libcli11-dev nodejs npm"
+      libcpp-httplib-dev libpcre2-dev libcli11-dev"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+# Node.js may come from elsewhere (NodeSource's nodejs bundles npm and conflicts with Debian's
+# npm package): only ask Debian for it when there is no npm at all.
+command -v npm >/dev/null 2>&1 || missing="$missing nodejs npm"
 if [ -n "$missing" ]; then
     sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
     $sudo_cmd apt-get update -q
