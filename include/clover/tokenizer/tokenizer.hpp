@@ -19,7 +19,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "clover/core/error.hpp"
@@ -71,13 +70,13 @@ public:
         std::size_t section = 0, i = 0;
         while (i < text.size()) {
             if (!starts_added_[static_cast<unsigned char>(text[i])]) { ++i; continue; }
-            auto [id, len] = match_added(text, i, o.parse_special);
-            if (id < 0) { ++i; continue; }
-            const tok::added_token& a = added_[std::size_t(added_index_.at(id))];
+            auto [index, len] = match_added(text, i, o.parse_special);
+            if (index < 0) { ++i; continue; }
+            const tok::added_token& a = added_[std::size_t(index)];
             std::string_view before = text.substr(section, i - section);
             if (a.lstrip) before = trim_end(before);
             encode_section(before, out);
-            out.push_back(id);
+            out.push_back(a.id);
             i += len;
             if (a.rstrip) i = skip_space(text, i);
             section = i;
@@ -91,10 +90,11 @@ public:
     // tok::utf8::sanitize gives printable text). skip_special drops control tokens.
     std::string decode(std::span<const std::int32_t> ids, bool skip_special = false) const {
         std::string out;
+        out.reserve(ids.size() * 4);
         for (auto id : ids) {
             check_id(id);
             if (skip_special && types_[std::size_t(id)] == token_type::control) continue;
-            out += bytes_[std::size_t(id)];
+            out.append(arena_.data() + offs_[std::size_t(id)], offs_[std::size_t(id) + 1] - offs_[std::size_t(id)]);
         }
         return out;
     }
@@ -102,18 +102,21 @@ public:
         return decode(std::span<const std::int32_t>(ids.begin(), ids.size()), skip_special);
     }
 
-    const std::string& token_bytes(std::int32_t id) const { check_id(id); return bytes_[std::size_t(id)]; }
+    std::string_view token_bytes(std::int32_t id) const {
+        check_id(id);
+        return {arena_.data() + offs_[std::size_t(id)], offs_[std::size_t(id) + 1] - offs_[std::size_t(id)]};
+    }
     token_type type(std::int32_t id) const { check_id(id); return types_[std::size_t(id)]; }
     bool is_control(std::int32_t id) const { return type(id) == token_type::control; }
     // The id of a token given its exact bytes: an added token's text or a normal token's bytes.
     std::optional<std::int32_t> find_token(std::string_view bytes) const {
         for (const auto& a : added_)
             if (a.content == bytes) return a.id;
-        if (auto it = by_bytes_.find(std::string(bytes)); it != by_bytes_.end()) return it->second;
+        if (auto p = by_bytes_.find(bytes)) return *p;
         return std::nullopt;
     }
 
-    std::size_t n_vocab() const { return bytes_.size(); }
+    std::size_t n_vocab() const { return types_.size(); }
     std::int32_t bos_id() const { return bos_; }
     std::int32_t eos_id() const { return eos_; }
     std::int32_t pad_id() const { return pad_; }
@@ -134,8 +137,8 @@ public:
     tok::tokenizer_spec spec() const {
         tok::tokenizer_spec s;
         s.source = source_;
-        s.tokens.resize(bytes_.size());
-        for (std::size_t i = 0; i < bytes_.size(); ++i) s.tokens[i] = file_form(std::int32_t(i));
+        s.tokens.resize(n_vocab());
+        for (std::size_t i = 0; i < n_vocab(); ++i) s.tokens[i] = file_form(std::int32_t(i));
         s.types = types_;
         s.merges.reserve(merges_.size());
         for (auto& m : merges_) s.merges.push_back(file_form(m[0]) + " " + file_form(m[1]));
@@ -153,7 +156,7 @@ public:
 private:
     struct trie_node {
         std::vector<std::pair<unsigned char, std::int32_t>> next;  // byte -> node
-        std::int32_t id = -1;                                       // token ending here
+        std::int32_t added = -1;                                    // index in added_ of the token ending here
         bool special = false;
     };
 
@@ -161,32 +164,35 @@ private:
         source_ = s.source;
         const std::size_t n = s.tokens.size();
         if (n == 0) fail(s.source, ": the vocabulary is empty");
+        if (n > 0x7FFFFFFF) fail(s.source, ": the vocabulary is too large");
         if (s.types.size() != n) fail(s.source, ": ", s.types.size(), " token types for ", n, " tokens");
         types_ = s.types;
-        bytes_.resize(n);
+        std::vector<std::string> bytes(n);
         literal_.assign(n, false);
-        std::unordered_map<std::string_view, std::int32_t> by_text;  // file form -> id, for merges
-        by_text.reserve(n * 2);
+        tok::string_index by_text;  // file form -> id, to resolve the merges
+        by_text.reserve(n);
+        by_bytes_ = {};
+        by_bytes_.reserve(n);
+        auto is_added = [&](std::size_t i) { return types_[i] == token_type::control || types_[i] == token_type::user_defined; };
+        for (const auto& a : s.added)
+            if (a.id >= 0 && std::size_t(a.id) < n && types_[std::size_t(a.id)] != token_type::control)
+                types_[std::size_t(a.id)] = a.special ? token_type::control : token_type::user_defined;
         for (std::size_t i = 0; i < n; ++i) {
-            bool added = types_[i] == token_type::control || types_[i] == token_type::user_defined;
-            if (!added) {
-                auto raw = tok::byte_level::decode(s.tokens[i]);
-                bytes_[i] = raw ? *raw : s.tokens[i];
-                literal_[i] = !raw;  // not in the byte-level alphabet: kept as its text
-                by_text.emplace(s.tokens[i], std::int32_t(i));
-                if (types_[i] == token_type::normal || types_[i] == token_type::byte)
-                    by_bytes_.emplace(bytes_[i], std::int32_t(i));
-            } else {
-                bytes_[i] = s.tokens[i];
-            }
+            if (is_added(i)) { bytes[i] = s.tokens[i]; continue; }
+            auto raw = tok::byte_level::decode(s.tokens[i]);
+            bytes[i] = raw ? std::move(*raw) : s.tokens[i];
+            literal_[i] = !raw;  // not in the byte-level alphabet: kept as its text
+            by_text.insert(s.tokens[i], std::int32_t(i));
+            if (types_[i] == token_type::normal || types_[i] == token_type::byte) by_bytes_.insert(bytes[i], std::int32_t(i));
         }
         std::int32_t byte_ids[256];
         for (unsigned b = 0; b < 256; ++b) {
-            auto it = by_bytes_.find(std::string(1, char(b)));
-            if (it == by_bytes_.end())
+            char c = char(b);
+            auto p = by_bytes_.find(std::string_view(&c, 1));
+            if (!p)
                 fail(s.source, ": the vocabulary has no token for byte 0x", "0123456789ABCDEF"[b >> 4],
                      "0123456789ABCDEF"[b & 15], " (not a byte-level BPE vocabulary?)");
-            byte_ids[b] = it->second;
+            byte_ids[b] = *p;
         }
         merges_.clear();
         merges_.reserve(s.merges.size());
@@ -196,28 +202,24 @@ private:
             auto sp = m.find(' ', 1);
             if (sp == std::string::npos) fail(s.source, ": merge ", r, " '", m, "' is not \"left right\"");
             std::string_view a(m.data(), sp), b(m.data() + sp + 1, m.size() - sp - 1);
-            auto ia = by_text.find(a), ib = by_text.find(b);
             joined.assign(a);
             joined.append(b);
-            auto im = by_text.find(joined);
-            if (ia == by_text.end() || ib == by_text.end() || im == by_text.end())
+            auto ia = by_text.find(a), ib = by_text.find(b), im = by_text.find(joined);
+            if (!ia || !ib || !im)
                 fail(s.source, ": merge ", r, " '", m, "' names a token that is not in the vocabulary");
-            merges_.push_back({ia->second, ib->second, im->second});
+            merges_.push_back({*ia, *ib, *im});
         }
         bpe_ = tok::bpe(byte_ids, merges_);
 
         added_.clear();
-        added_index_.clear();
         trie_.assign(1, trie_node{});
         starts_added_.fill(false);
+        std::vector<bool> seen(n, false);
         for (const auto& a : s.added) {
             if (a.id < 0 || std::size_t(a.id) >= n) fail(s.source, ": added token id ", a.id, " is outside the vocabulary");
-            if (a.content.empty() || added_index_.count(a.id)) continue;
-            added_index_[a.id] = std::int32_t(added_.size());
-            added_.push_back(a);
-            bytes_[std::size_t(a.id)] = a.content;
-            if (types_[std::size_t(a.id)] != token_type::control && types_[std::size_t(a.id)] != token_type::user_defined)
-                types_[std::size_t(a.id)] = a.special ? token_type::control : token_type::user_defined;
+            if (a.content.empty() || seen[std::size_t(a.id)]) continue;
+            seen[std::size_t(a.id)] = true;
+            bytes[std::size_t(a.id)] = a.content;
             std::int32_t node = 0;
             for (unsigned char c : a.content) {
                 std::int32_t child = -1;
@@ -230,9 +232,21 @@ private:
                 }
                 node = child;
             }
-            trie_[std::size_t(node)].id = a.id;
+            if (trie_[std::size_t(node)].added >= 0) continue;  // the same text twice: the first id wins
+            trie_[std::size_t(node)].added = std::int32_t(added_.size());
             trie_[std::size_t(node)].special = types_[std::size_t(a.id)] == token_type::control;
             starts_added_[static_cast<unsigned char>(a.content[0])] = true;
+            added_.push_back(a);
+        }
+        arena_.clear();
+        offs_.assign(n + 1, 0);
+        std::size_t total = 0;
+        for (auto& b : bytes) total += b.size();
+        if (total > 0xFFFFFFFFu) fail(s.source, ": the vocabulary's text is too large");
+        arena_.reserve(total);
+        for (std::size_t i = 0; i < n; ++i) {
+            arena_ += bytes[i];
+            offs_[i + 1] = std::uint32_t(arena_.size());
         }
 
         pre_name_ = s.pre;
@@ -262,7 +276,7 @@ private:
                 if (a.content == t && !is_eog(a.id)) eog_.push_back(a.id);
     }
 
-    // Longest added token at i: (id, length), or (-1, 0).
+    // Longest added token at i: (index in added_, length), or (-1, 0).
     std::pair<std::int32_t, std::size_t> match_added(std::string_view text, std::size_t i, bool parse_special) const {
         std::int32_t node = 0, best = -1;
         std::size_t best_len = 0;
@@ -273,7 +287,7 @@ private:
             if (child < 0) break;
             node = child;
             const trie_node& t = trie_[std::size_t(node)];
-            if (t.id >= 0 && (parse_special || !t.special)) { best = t.id; best_len = j + 1 - i; }
+            if (t.added >= 0 && (parse_special || !t.special)) { best = t.added; best_len = j + 1 - i; }
         }
         return {best, best_len};
     }
@@ -284,7 +298,7 @@ private:
         if (nfc_ && tok::nfc_append(s, normalized)) s = normalized;
         pre_.split(s, [&](std::string_view piece) {
             if (ignore_merges_) {
-                if (auto it = by_bytes_.find(std::string(piece)); it != by_bytes_.end()) { out.push_back(it->second); return; }
+                if (auto p = by_bytes_.find(piece)) { out.push_back(*p); return; }
             }
             bpe_.encode(piece, out);
         });
@@ -312,25 +326,25 @@ private:
     }
 
     void check_id(std::int32_t id) const {
-        if (id < 0 || std::size_t(id) >= bytes_.size())
-            fail("token id ", id, " is outside the vocabulary (", bytes_.size(), " tokens)");
+        if (id < 0 || std::size_t(id) >= types_.size())
+            fail("token id ", id, " is outside the vocabulary (", types_.size(), " tokens)");
     }
     std::string file_form(std::int32_t id) const {
         auto t = types_[std::size_t(id)];
         if (t == token_type::control || t == token_type::user_defined || literal_[std::size_t(id)])
-            return bytes_[std::size_t(id)];
-        return tok::byte_level::encode(bytes_[std::size_t(id)]);
+            return std::string(token_bytes(id));
+        return tok::byte_level::encode(token_bytes(id));
     }
 
     std::string source_;
-    std::vector<std::string> bytes_;
+    std::string arena_;                // the bytes of all tokens, back to back
+    std::vector<std::uint32_t> offs_;  // token i is arena_[offs_[i], offs_[i + 1])
     std::vector<token_type> types_;
     std::vector<bool> literal_;
-    std::unordered_map<std::string, std::int32_t> by_bytes_;
+    tok::string_index by_bytes_;       // normal tokens' bytes -> id
     std::vector<std::array<std::int32_t, 3>> merges_;
     tok::bpe bpe_;
     std::vector<tok::added_token> added_;
-    std::unordered_map<std::int32_t, std::int32_t> added_index_;
     std::vector<trie_node> trie_;
     std::array<bool, 256> starts_added_{};
     tok::pretokenizer pre_ = tok::pretokenizer::whole();

@@ -25,17 +25,122 @@ namespace tj_detail {
 
 using json = nlohmann::json;
 
-inline json read_json(const std::filesystem::path& p) {
+inline std::string read_file(const std::filesystem::path& p) {
     std::ifstream in(p, std::ios::binary);
     if (!in) fail(p.string(), ": cannot open");
     std::stringstream ss;
     ss << in.rdbuf();
+    return ss.str();
+}
+
+inline json read_json(const std::filesystem::path& p) {
     try {
-        return json::parse(ss.str());
+        return json::parse(read_file(p));
     } catch (const std::exception& e) {
         fail(p.string(), ": not valid JSON (", e.what(), ")");
     }
 }
+
+// SAX reader for tokenizer.json: model.vocab and model.merges (hundreds of thousands of
+// entries) go straight into flat vectors; everything else becomes an ordinary DOM. A full DOM
+// of a 250k-token file costs several times the parse itself.
+struct tokenizer_json_sax : nlohmann::json_sax<json> {
+    json root;
+    std::vector<std::pair<std::string, std::int64_t>> vocab;
+    std::vector<std::string> merges;
+    bool have_vocab = false, have_merges = false;
+
+    bool null() override { return value(json(nullptr)); }
+    bool boolean(bool b) override { return value(json(b)); }
+    bool number_integer(number_integer_t v) override { return number(v, json(v)); }
+    bool number_unsigned(number_unsigned_t v) override { return number(std::int64_t(v), json(v)); }
+    bool number_float(number_float_t v, const string_t&) override { return value(json(v)); }
+    bool binary(binary_t&) override { return false; }
+    bool string(string_t& v) override {
+        if (mode_ == merges_list) { merges.push_back(std::move(v)); return true; }
+        if (mode_ == merge_pair) {
+            if (pair_n_ == 0) pair_ = v;
+            else if (pair_n_ == 1) { pair_ += ' '; pair_ += v; }
+            ++pair_n_;
+            return true;
+        }
+        if (mode_ == vocab_map) return false;  // vocab values must be ids
+        return value(json(std::move(v)));
+    }
+    bool start_object(std::size_t) override {
+        if (mode_ != dom) return false;  // nothing nested in vocab/merges
+        if (path_is("model", "vocab")) { mode_ = vocab_map; have_vocab = true; return true; }
+        return open(json::object());
+    }
+    bool key(string_t& k) override {
+        key_ = std::move(k);
+        return true;
+    }
+    bool end_object() override {
+        if (mode_ == vocab_map) { mode_ = dom; return true; }
+        return close();
+    }
+    bool start_array(std::size_t) override {
+        if (mode_ == merges_list) { mode_ = merge_pair; pair_.clear(); pair_n_ = 0; return true; }
+        if (mode_ != dom) return false;
+        if (path_is("model", "merges")) { mode_ = merges_list; have_merges = true; return true; }
+        return open(json::array());
+    }
+    bool end_array() override {
+        if (mode_ == merge_pair) {
+            if (pair_n_ != 2) return false;
+            merges.push_back(std::move(pair_));
+            mode_ = merges_list;
+            return true;
+        }
+        if (mode_ == merges_list) { mode_ = dom; return true; }
+        return close();
+    }
+    bool parse_error(std::size_t pos, const std::string&, const nlohmann::detail::exception& e) override {
+        error = "at byte " + std::to_string(pos) + ": " + e.what();
+        return false;
+    }
+    std::string error;
+
+private:
+    enum mode_t { dom, vocab_map, merges_list, merge_pair };
+    bool path_is(const char* a, const char* b) const {
+        return stack_.size() == 2 && keys_.size() == 2 && keys_[1] == a && key_ == b;
+    }
+    bool number(std::int64_t id, json v) {
+        if (mode_ == vocab_map) { vocab.emplace_back(std::move(key_), id); return true; }
+        return value(std::move(v));
+    }
+    // Places v in the current container (or as the root).
+    json* place(json v) {
+        if (mode_ != dom) return nullptr;
+        if (stack_.empty()) { root = std::move(v); return &root; }
+        json& top = *stack_.back();
+        if (top.is_object()) return &(top[key_] = std::move(v));
+        top.push_back(std::move(v));
+        return &top.back();
+    }
+    bool value(json v) { return place(std::move(v)) != nullptr; }
+    bool open(json v) {
+        std::string k = stack_.empty() ? "" : (stack_.back()->is_object() ? key_ : "[]");
+        json* p = place(std::move(v));
+        if (!p) return false;
+        stack_.push_back(p);
+        keys_.push_back(std::move(k));
+        return true;
+    }
+    bool close() {
+        if (stack_.empty()) return false;
+        stack_.pop_back();
+        keys_.pop_back();
+        return true;
+    }
+    mode_t mode_ = dom;
+    std::vector<json*> stack_;
+    std::vector<std::string> keys_;  // the key (or "[]") each open container sits under
+    std::string key_, pair_;
+    int pair_n_ = 0;
+};
 
 inline std::string str_or_empty(const json& j, const char* key) {
     auto it = j.find(key);
@@ -105,8 +210,21 @@ inline tokenizer_spec read_tokenizer_json_spec(std::filesystem::path path) {
     if (std::filesystem::is_directory(path)) path /= "tokenizer.json";
     tokenizer_spec s;
     s.source = path.string();
-    json j = tj_detail::read_json(path);
+    tj_detail::tokenizer_json_sax sax;
+    {
+        std::string text = tj_detail::read_file(path);
+        bool ok = false;
+        try {
+            ok = json::sax_parse(text, &sax);
+        } catch (const std::exception& e) {
+            fail(s.source, ": not valid JSON (", e.what(), ")");
+        }
+        if (!ok) fail(s.source, ": not a valid tokenizer.json", sax.error.empty() ? std::string() : " (" + sax.error + ")");
+    }
+    json& j = sax.root;
     if (!j.is_object() || !j.contains("model")) fail(s.source, ": no 'model' object (not a tokenizer.json?)");
+    if (!sax.have_vocab) fail(s.source, ": model.vocab is missing or not an object of ids");
+    if (!sax.have_merges) fail(s.source, ": model.merges is missing");
     try {
         const json& m = j["model"];
         if (tj_detail::str_or_empty(m, "type") != "BPE")
@@ -119,10 +237,11 @@ inline tokenizer_spec read_tokenizer_json_spec(std::filesystem::path path) {
             fail(s.source, ": BPE dropout is not supported");
         s.ignore_merges = m.value("ignore_merges", false);
 
-        const json& vocab = m.at("vocab");
-        if (!vocab.is_object()) fail(s.source, ": model.vocab is not an object");
         std::int64_t max_id = -1;
-        for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max<std::int64_t>(max_id, it.value().get<std::int64_t>());
+        for (const auto& [tok, id] : sax.vocab) {
+            if (id < 0) fail(s.source, ": model.vocab['", tok, "'] has a negative id");
+            max_id = std::max(max_id, id);
+        }
         const json empty = json::array();
         const json& added = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"] : empty;
         for (const auto& a : added) max_id = std::max<std::int64_t>(max_id, a.at("id").get<std::int64_t>());
@@ -130,10 +249,8 @@ inline tokenizer_spec read_tokenizer_json_spec(std::filesystem::path path) {
         std::size_t n = std::size_t(max_id + 1);
         s.tokens.assign(n, {});
         s.types.assign(n, token_type::undefined);
-        for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-            auto id = it.value().get<std::int64_t>();
-            if (id < 0) fail(s.source, ": model.vocab['", it.key(), "'] has a negative id");
-            s.tokens[std::size_t(id)] = it.key();
+        for (auto& [tok, id] : sax.vocab) {
+            s.tokens[std::size_t(id)] = std::move(tok);
             s.types[std::size_t(id)] = token_type::normal;
         }
         for (const auto& a : added) {
@@ -156,15 +273,7 @@ inline tokenizer_spec read_tokenizer_json_spec(std::filesystem::path path) {
                 s.types[i] = token_type::unused;
             }
 
-        const json& merges = m.at("merges");
-        s.merges.reserve(merges.size());
-        for (std::size_t r = 0; r < merges.size(); ++r) {
-            const json& x = merges[r];
-            if (x.is_string()) s.merges.push_back(x.get<std::string>());
-            else if (x.is_array() && x.size() == 2)
-                s.merges.push_back(x[0].get<std::string>() + " " + x[1].get<std::string>());
-            else fail(s.source, ": model.merges[", r, "] is neither \"a b\" nor [\"a\", \"b\"]");
-        }
+        s.merges = std::move(sax.merges);
 
         if (j.contains("normalizer")) tj_detail::read_normalizer(j["normalizer"], s);
         tj_detail::read_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(), s);
