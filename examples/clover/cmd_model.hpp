@@ -24,17 +24,27 @@ inline void add_model_commands(CLI::App& app) {
         c->add_option("--ids-file", o->ids_file, "file with prompt ids (comma or whitespace separated)");
         c->add_option("-o,--output", o->out, "output file (float32, little-endian, row-major)")->required();
         c->add_option("--block-ids", o->block_ids, "block rows for one preview pass after the prompt");
-        c->add_option("--coreset", o->coreset, "expert coreset size for the preview pass");
+        c->add_option("--coreset", o->coreset, "expert coreset size for the preview pass (default: the file's)")
+            ->check(CLI::Range(0LL, 1LL << 20));
         c->add_option("-t,--threads", o->threads, "threads (0: all)");
         c->callback([o] {
             if (o->ids.empty() == o->ids_file.empty()) fail("logits: give exactly one of --ids or --ids-file");
             std::vector<token> ids = o->ids.empty() ? parse_ids(read_file(o->ids_file), o->ids_file) : parse_ids(o->ids, "--ids");
             if (ids.empty()) fail("logits: no token ids given");
-            if (!o->block_ids.empty()) fail("logits: --block-ids (preview passes) is not available in this build yet");
+            std::vector<token> block;
+            if (!o->block_ids.empty()) block = parse_ids(o->block_ids, "--block-ids");
+            if (!o->block_ids.empty() && block.empty()) fail("logits: --block-ids is empty");
+            if (o->coreset >= 0 && block.empty()) fail("logits: --coreset needs --block-ids");
             auto m = open_model(o->model, o->threads);
-            auto s = m->new_session({.ctx = std::int64_t(ids.size())});
+            auto s = m->new_session({.ctx = std::int64_t(ids.size() + block.size())});
             std::vector<float> logits;
-            m->commit(s, ids, logits_rows::all, logits);
+            if (block.empty()) {
+                m->commit(s, ids, logits_rows::all, logits);
+            } else {  // prefix by a commit pass, then ONE preview pass over the block rows
+                m->require_diffusion();
+                m->commit(s, ids, logits_rows::none, logits);
+                m->preview(s, block, o->coreset, logits);
+            }
             std::FILE* f = std::fopen(o->out.c_str(), "wb");
             if (!f) fail(o->out, ": cannot create file");
             const std::size_t n = std::fwrite(logits.data(), sizeof(float), logits.size(), f);
@@ -45,7 +55,8 @@ inline void add_model_commands(CLI::App& app) {
         auto* c = app.add_subcommand("generate", "Generate token ids after a prompt of ids");
         struct opts {
             std::string model, ids, ids_file, decoder = "ar";
-            long long n = 32, ctx = 0, block = 32, coreset = 16;
+            long long n = 32, ctx = 0, block = 32, coreset = -1;
+            bool coreset_set = false;
             int threads = 0;
             bool greedy = false, ignore_eos = false;
             float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, threshold = 0.95f;
@@ -62,7 +73,9 @@ inline void add_model_commands(CLI::App& app) {
         c->add_option("--decoder", o->decoder, "ar | diffusion | speculative")->check(CLI::IsMember({"ar", "diffusion", "speculative"}));
         c->add_option("--block", o->block, "diffusion block size")->check(CLI::Range(1LL, 4096LL));
         c->add_option("--threshold", o->threshold, "diffusion confidence threshold")->check(CLI::Range(0.0f, 1.0f));
-        c->add_option("--coreset", o->coreset, "expert coreset size for preview passes")->check(CLI::Range(0LL, 1LL << 20));
+        c->add_option("--coreset", o->coreset, "expert coreset size for preview passes (default: the file's)")
+            ->check(CLI::Range(0LL, 1LL << 20))
+            ->each([o](const std::string&) { o->coreset_set = true; });
         c->add_option("--temp", o->temp, "temperature (ignored with --greedy)")->check(CLI::Range(0.0f, 100.0f));
         c->add_option("--top-k", o->top_k, "top-k (0: off)")->check(CLI::Range(0, 1 << 30));
         c->add_option("--top-p", o->top_p, "top-p")->check(CLI::Range(0.0f, 1.0f));
@@ -74,9 +87,8 @@ inline void add_model_commands(CLI::App& app) {
             if (o->ids.empty() == o->ids_file.empty()) fail("generate: give exactly one of --ids or --ids-file");
             std::vector<token> ids = o->ids.empty() ? parse_ids(read_file(o->ids_file), o->ids_file) : parse_ids(o->ids, "--ids");
             if (ids.empty()) fail("generate: no token ids given");
-            if (o->decoder != "ar") fail("generate: --decoder ", o->decoder, " is not available in this build yet (use ar)");
             auto m = open_model(o->model, o->threads);
-            const std::int64_t ctx = o->ctx > 0 ? o->ctx : std::int64_t(ids.size()) + o->n;
+            const std::int64_t ctx = o->ctx > 0 ? o->ctx : std::int64_t(ids.size()) + o->n + o->block;
             auto s = m->new_session({.ctx = ctx});
             decode::generate_options g;
             g.max_tokens = o->n;
@@ -84,7 +96,15 @@ inline void add_model_commands(CLI::App& app) {
             if (auto eos = m->weights().file->get_int("tokenizer.ggml.eos_token_id")) g.eog.push_back(token(*eos));
             if (!o->greedy) g.sampling = {o->temp, o->top_k, o->top_p, o->min_p, o->seed};
             std::vector<token> out;
-            auto st = decode::generate<decode::ar>(*m, s, ids, g, [&](token t) { out.push_back(t); return true; });
+            auto cb = [&](token t) { out.push_back(t); return true; };
+            decode::generate_stats st;
+            if (o->decoder == "ar") {
+                st = decode::generate<decode::ar>(*m, s, ids, g, cb);
+            } else if (o->decoder == "diffusion") {
+                st = decode::generate(*m, s, ids, g, cb, decode::low_confidence{o->block, o->threshold, o->coreset_set ? o->coreset : -1});
+            } else {
+                st = decode::generate(*m, s, ids, g, cb, decode::self_speculative{o->block, 1, o->threshold, o->coreset_set ? o->coreset : -1});
+            }
             std::printf("%s\n", join_ids(out).c_str());
             std::fflush(stdout);
             std::fprintf(stderr, "%s\n", st.json().c_str());

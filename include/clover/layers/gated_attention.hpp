@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "clover/core/math.hpp"
@@ -51,20 +52,30 @@ struct gated_attention {
         }
     }
 
-    // One query head over keys [0, n_keys) of K/V rows with stride `kv_stride`: out[hd].
-    static void attend(const float* qh, const float* K, const float* Vv, std::int64_t kv_stride, std::int64_t n_keys,
-                       std::int64_t hd, float scale, float* out, std::vector<float>& p) {
-        p.resize(std::size_t(n_keys));
-        for (std::int64_t j = 0; j < n_keys; ++j) {
-            const float* kj = K + j * kv_stride;
+    // A run of cached or fresh key/value rows with a common stride.
+    struct kv_span {
+        const float* k;
+        const float* v;
+        std::int64_t stride, n;
+    };
+
+    // One query head over the keys of up to two spans, in one softmax: out[hd].
+    static void attend(const float* qh, kv_span a, kv_span b, std::int64_t hd, float scale, float* out,
+                       std::vector<float>& p) {
+        const std::int64_t n = a.n + b.n;
+        p.resize(static_cast<std::size_t>(n));
+        auto key = [&](std::int64_t j) { return j < a.n ? a.k + j * a.stride : b.k + (j - a.n) * b.stride; };
+        auto val = [&](std::int64_t j) { return j < a.n ? a.v + j * a.stride : b.v + (j - a.n) * b.stride; };
+        for (std::int64_t j = 0; j < n; ++j) {
+            const float* kj = key(j);
             float s = 0.f;
             for (std::int64_t i = 0; i < hd; ++i) s += qh[i] * kj[i];
             p[j] = s * scale;
         }
-        math::softmax(p.data(), n_keys);
+        math::softmax(p.data(), n);
         for (std::int64_t i = 0; i < hd; ++i) out[i] = 0.f;
-        for (std::int64_t j = 0; j < n_keys; ++j) {
-            const float* vj = Vv + j * kv_stride;
+        for (std::int64_t j = 0; j < n; ++j) {
+            const float* vj = val(j);
             const float pj = p[j];
             for (std::int64_t i = 0; i < hd; ++i) out[i] += pj * vj[i];
         }
@@ -74,27 +85,61 @@ struct gated_attention {
         return d.h().attn_scale != 0.f ? d.h().attn_scale : 1.f / std::sqrt(float(d.head_dim()));
     }
 
-    // Commit pass: rows at positions [pos0, pos0+n) are appended to the cache.
-    static void forward(commit_pass, Backend& be, const dims<V>& d, const attention_weights& w, attention_cache& c,
+    // Commit and verify passes: rows at positions [pos0, pos0+n) are appended to the cache, and
+    // row t attends causally to keys [0, pos0+t].
+    template <class Pass>
+        requires(std::is_same_v<Pass, commit_pass> || std::is_same_v<Pass, verify_pass>)
+    static void forward(Pass, Backend& be, const dims<V>& d, const attention_weights& w, attention_cache& c,
                         std::int64_t pos0, const float* x, float* out, std::int64_t n, workspace& ws) {
         const std::int64_t H = d.n_head(), Hkv = d.n_head_kv(), hd = d.head_dim(), kvw = Hkv * hd;
         float* q = workspace::get(ws.t0, std::size_t(n * H * hd));
         float* gate = workspace::get(ws.t1, std::size_t(n * H * hd));
         float* a = workspace::get(ws.t2, std::size_t(n * H * hd));
-        float* kc = c.k.data() + pos0 * kvw;
-        float* vc = c.v.data() + pos0 * kvw;
-        project(be, d, w, x, n, pos0, q, gate, kc, vc, ws);
+        project(be, d, w, x, n, pos0, q, gate, c.k.data() + pos0 * kvw, c.v.data() + pos0 * kvw, ws);
         const float scale = scale_of(d);
         const std::int64_t group = H / Hkv;
         be.parallel_for(n * H, 4, [&](std::int64_t b, std::int64_t e) {
             std::vector<float> p;
             for (std::int64_t th = b; th < e; ++th) {
-                const std::int64_t t = th / H, h = th % H, kvh = h / group;
-                attend(q + th * hd, c.k.data() + kvh * hd, c.v.data() + kvh * hd, kvw, pos0 + t + 1, hd, scale,
-                       a + th * hd, p);
+                const std::int64_t t = th / H, kvh = (th % H) / group;
+                kv_span cached{c.k.data() + kvh * hd, c.v.data() + kvh * hd, kvw, pos0 + t + 1};
+                attend(q + th * hd, cached, {nullptr, nullptr, 0, 0}, hd, scale, a + th * hd, p);
             }
         });
-        for (std::int64_t i = 0; i < n * H * hd; ++i) a[i] *= math::sigmoid(gate[i]);
+        finish(be, w, a, gate, out, n * H * hd, n);
+    }
+
+    // Preview pass over the B block rows at positions [p, p+B): every row attends to all cached
+    // positions < p and to all B block rows (no mask inside the block). Block K/V are computed
+    // fresh and never cached.
+    static void forward(preview_pass, Backend& be, const dims<V>& d, const attention_weights& w,
+                        const attention_cache& c, std::int64_t p, const float* x, float* out, std::int64_t B,
+                        workspace& ws) {
+        const std::int64_t H = d.n_head(), Hkv = d.n_head_kv(), hd = d.head_dim(), kvw = Hkv * hd;
+        float* q = workspace::get(ws.t0, std::size_t(B * H * hd));
+        float* gate = workspace::get(ws.t1, std::size_t(B * H * hd));
+        float* a = workspace::get(ws.t2, std::size_t(B * H * hd));
+        float* kb = workspace::get(ws.t3, std::size_t(B * kvw));
+        float* vb = workspace::get(ws.t4, std::size_t(B * kvw));
+        project(be, d, w, x, B, p, q, gate, kb, vb, ws);
+        const float scale = scale_of(d);
+        const std::int64_t group = H / Hkv;
+        be.parallel_for(B * H, 4, [&](std::int64_t b, std::int64_t e) {
+            std::vector<float> pr;
+            for (std::int64_t th = b; th < e; ++th) {
+                const std::int64_t kvh = (th % H) / group;
+                kv_span cached{c.k.data() + kvh * hd, c.v.data() + kvh * hd, kvw, p};
+                kv_span block{kb + kvh * hd, vb + kvh * hd, kvw, B};
+                attend(q + th * hd, cached, block, hd, scale, a + th * hd, pr);
+            }
+        });
+        finish(be, w, a, gate, out, B * H * hd, B);
+    }
+
+    // out = (a ⊙ sigmoid(gate)) · W_oᵀ
+    static void finish(Backend& be, const attention_weights& w, float* a, const float* gate, float* out,
+                       std::int64_t n_elems, std::int64_t n) {
+        for (std::int64_t i = 0; i < n_elems; ++i) a[i] *= math::sigmoid(gate[i]);
         be.matmul(w.wo, a, out, n);
     }
 };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "clover/core/math.hpp"
@@ -37,6 +38,26 @@ inline void route_row(const float* p, std::int64_t n_expert, std::int64_t k, con
         ids[j] = cand[j];
         w[j] = float(p[cand[j]] / sum);
     }
+}
+
+// The expert coreset of a preview pass (clover-diffusion.md §3, this project's rule): every row's
+// router probabilities count, masked or not; score[e] = Σ_t P[t, e]; the C experts with the
+// largest score form the coreset (ties: lower index first). C = 0 or C >= E: no restriction
+// (an empty set). probs: [n, n_expert].
+inline std::vector<std::int32_t> select_coreset(const float* probs, std::int64_t n, std::int64_t n_expert,
+                                                std::int64_t C) {
+    if (C <= 0 || C >= n_expert) return {};
+    std::vector<double> score(static_cast<std::size_t>(n_expert), 0.0);
+    for (std::int64_t t = 0; t < n; ++t)
+        for (std::int64_t e = 0; e < n_expert; ++e) score[e] += probs[t * n_expert + e];
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(n_expert));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::partial_sort(ids.begin(), ids.begin() + C, ids.end(), [&](std::int32_t a, std::int32_t b) {
+        return score[a] != score[b] ? score[a] > score[b] : a < b;
+    });
+    ids.resize(static_cast<std::size_t>(C));
+    std::sort(ids.begin(), ids.end());
+    return ids;
 }
 
 template <variant V, class Backend>
@@ -112,17 +133,35 @@ struct sparse_moe {
         for (std::int64_t t = 0; t < n; ++t) math::softmax(probs + t * d.n_expert(), d.n_expert());
     }
 
-    static void forward(commit_pass, Backend& be, const dims<V>& d, const moe_weights& w, const float* x, float* out,
-                        std::int64_t n, workspace& ws) {
-        const std::int64_t X = d.n_expert(), k = d.n_expert_used();
-        float* probs = workspace::get(ws.t6, std::size_t(n * X));
-        router_probs(be, d, w, x, probs, n);
-        std::vector<std::int32_t> ids(std::size_t(n * k));
-        std::vector<float> wts(std::size_t(n * k));
-        static const std::vector<std::int32_t> all;
-        for (std::int64_t t = 0; t < n; ++t) route_row(probs + t * X, X, k, all, ids.data() + t * k, wts.data() + t * k);
+    // Routed over `allowed` experts (all when empty), plus the shared expert.
+    static void routed_forward(Backend& be, const dims<V>& d, const moe_weights& w, const float* x, float* out,
+                               std::int64_t n, const float* probs, const std::vector<std::int32_t>& allowed,
+                               workspace& ws) {
+        const std::int64_t X = d.n_expert();
+        const std::int64_t k = allowed.empty() ? d.n_expert_used() : std::min<std::int64_t>(d.n_expert_used(), std::int64_t(allowed.size()));
+        std::vector<std::int32_t> ids(static_cast<std::size_t>(n * k));
+        std::vector<float> wts(static_cast<std::size_t>(n * k));
+        for (std::int64_t t = 0; t < n; ++t) route_row(probs + t * X, X, k, allowed, ids.data() + t * k, wts.data() + t * k);
         experts(be, d, w, x, out, n, k, ids.data(), wts.data(), ws);
         shared_expert(be, d, w, x, out, n);
+    }
+
+    // Commit and verify passes: plain top-k routing.
+    template <class Pass>
+        requires(std::is_same_v<Pass, commit_pass> || std::is_same_v<Pass, verify_pass>)
+    static void forward(Pass, Backend& be, const dims<V>& d, const moe_weights& w, const float* x, float* out,
+                        std::int64_t n, workspace& ws) {
+        float* probs = workspace::get(ws.t6, std::size_t(n * d.n_expert()));
+        router_probs(be, d, w, x, probs, n);
+        routed_forward(be, d, w, x, out, n, probs, {}, ws);
+    }
+
+    // Preview pass: routing restricted to the block's expert coreset of size `coreset`.
+    static void forward(preview_pass, Backend& be, const dims<V>& d, const moe_weights& w, const float* x, float* out,
+                        std::int64_t n, std::int64_t coreset, workspace& ws) {
+        float* probs = workspace::get(ws.t6, std::size_t(n * d.n_expert()));
+        router_probs(be, d, w, x, probs, n);
+        routed_forward(be, d, w, x, out, n, probs, select_coreset(probs, n, d.n_expert(), coreset), ws);
     }
 };
 

@@ -124,6 +124,14 @@ inline hparams read_hparams(const io::gguf_file& f, void (*warn)(const std::stri
         h.n_expert_shared = optional_int(f, p + "expert_shared_count", 1, 0, 1);
     }
 
+    // Our key (written by load_hf and `clover gguf patch`): "grouped" = the V heads of the GDN
+    // tensors are in HF order; "tiled" or absent = the canonical GGUF order.
+    if (auto order = f.get_string(p + "gdn.v_head_order")) {
+        if (*order != "tiled" && *order != "grouped")
+            fail(f.path(), ": key ", p, "gdn.v_head_order = '", *order, "' (expected tiled or grouped)");
+        h.gdn_grouped_heads = *order == "grouped";
+    }
+
     h.recurrent.assign(std::size_t(h.n_layer), false);
     if (auto rl = f.get_int_array(p + "attention.recurrent_layers")) {
         if (std::int64_t(rl->size()) < h.n_layer)

@@ -61,9 +61,7 @@ public:
     // is touched. Long inputs run in chunks of s.batch() rows.
     void commit(session& s, std::span<const token> ids, logits_rows rows, std::vector<float>& logits) {
         const std::int64_t n = std::int64_t(ids.size());
-        for (std::int64_t i = 0; i < n; ++i)
-            if (ids[i] < 0 || ids[i] >= hp_.n_vocab)
-                fail("token id ", ids[i], " at position ", i, " is out of range [0, ", hp_.n_vocab, ")");
+        check_ids(ids);
         if (s.n_past() + n > s.n_ctx())
             fail("context full: ", s.n_past(), " + ", n, " tokens exceed the context size ", s.n_ctx());
         const std::int64_t V_ = hp_.n_vocab;
@@ -78,45 +76,138 @@ public:
                 dst = logits.data();
                 first_row = m - 1;
             }
-            commit_chunk(s, ids.data() + c0, m, dst, first_row);
+            run_rows(commit_pass{}, s, ids.data() + c0, m, dst, first_row);
         }
     }
 
+    // Why this file cannot run block diffusion, or "" when it can.
+    std::string diffusion_unavailable() const {
+        if constexpr (!V::diffusion) return std::string("variant '") + V::name + "' is causal only";
+        if (!hp_.is_clover()) return "not a clover_moe file (architecture " + hp_.arch + ")";
+        if (!weights_.has_diffusion()) {
+            std::string names;
+            for (std::size_t i = 0; i < weights_.missing_diffusion.size() && i < 4; ++i)
+                names += (i ? ", " : "") + weights_.missing_diffusion[i];
+            if (weights_.missing_diffusion.size() > 4) names += ", ... (" + std::to_string(weights_.missing_diffusion.size()) + " in all)";
+            return "the file lacks the block-diffusion tensors: " + names;
+        }
+        if (hp_.mask_token_id < 0) return "the file has no diffusion.mask_token_id";
+        return "";
+    }
+    void require_diffusion() const {
+        if (auto why = diffusion_unavailable(); !why.empty()) fail(weights_.file->path(), ": cannot run block diffusion: ", why);
+    }
+
+    // Preview pass (clover-diffusion.md §3) over block rows at positions [n_past, n_past + B).
+    // logits: [B, n_vocab], no shift: row i is the distribution of the token at position
+    // n_past + i. The session is only read. coreset < 0: the file's default.
+    void preview(const session& s, std::span<const token> block, std::int64_t coreset, std::vector<float>& logits) {
+        require_diffusion();
+        const std::int64_t B = std::int64_t(block.size());
+        if (B < 1) fail("preview: the block is empty");
+        check_ids(block);
+        if (coreset < 0) coreset = hp_.diffusion_coreset;
+        const dims<V> d = dim();
+        const std::int64_t E = d.n_embd();
+        workspace& ws = s.scratch();
+        float* h = workspace::get(ws.x, std::size_t(B * E));
+        float* u = workspace::get(ws.u, std::size_t(B * E));
+        float* y = workspace::get(ws.logits_rows, std::size_t(B * E));
+        embed(block.data(), B, h);
+        for (std::int64_t il = 0; il < d.n_layer(); ++il) {
+            const layer_weights& L = weights_.layers[il];
+            norm_rows(h, L.attn_norm, u, B);
+            if (L.recurrent)
+                layers::gated_deltanet<V, Backend>::forward(preview_pass{}, be_, d, L.gdn, s.gdn(il), u, y, B, ws);
+            else
+                layers::gated_attention<V, Backend>::forward(preview_pass{}, be_, d, L.attn, s.attn(il), s.n_past(), u, y, B, ws);
+            add_rows(h, y, B);
+            norm_rows(h, L.post_norm, u, B);
+            layers::sparse_moe<V, Backend>::forward(preview_pass{}, be_, d, L.moe, u, y, B, coreset, ws);
+            add_rows(h, y, B);
+        }
+        logits.resize(std::size_t(B * hp_.n_vocab));
+        norm_rows(h, weights_.output_norm, u, B);
+        be_.matmul(weights_.output, u, logits.data(), B);
+    }
+
+    // Verify pass: a causal pass over drafted rows that writes the session like a commit, with
+    // every row computed exactly as AR decoding would (row-by-row products and recurrence), and
+    // keeps what rollback() needs. logits: [n, n_vocab] (row i predicts position n_past+i+1).
+    void verify(session& s, std::span<const token> ids, std::vector<float>& logits) {
+        const std::int64_t n = std::int64_t(ids.size());
+        check_ids(ids);
+        if (s.n_past() + n > s.n_ctx())
+            fail("context full: ", s.n_past(), " + ", n, " tokens exceed the context size ", s.n_ctx());
+        logits.resize(std::size_t(n * hp_.n_vocab));
+        typename Backend::exact_rows_scope exact(be_);
+        run_rows(verify_pass{}, s, ids.data(), n, logits.data(), 0);
+        verify_start_ = s.n_past() - n;
+    }
+    // Keeps the first `keep` rows of the last verify pass and forgets the rest.
+    void rollback(session& s, std::int64_t keep) {
+        const std::int64_t n = s.n_past() - verify_start_;
+        if (keep < 0 || keep > n) fail("rollback: cannot keep ", keep, " of ", n, " verified rows");
+        const dims<V> d = dim();
+        for (std::int64_t il = 0; il < d.n_layer(); ++il)
+            if (weights_.layers[il].recurrent) layers::gated_deltanet<V, Backend>::rollback(d, s.gdn(il), keep);
+        s.truncate_tokens(verify_start_ + keep);  // KV rows past n_past are dead
+    }
+
 private:
-    // Runs one chunk through all layers; writes logits of rows [first_row, m) to dst if given.
-    void commit_chunk(session& s, const token* ids, std::int64_t m, float* dst, std::int64_t first_row) {
+    void check_ids(std::span<const token> ids) const {
+        for (std::size_t i = 0; i < ids.size(); ++i)
+            if (ids[i] < 0 || ids[i] >= hp_.n_vocab)
+                fail("token id ", ids[i], " at position ", i, " is out of range [0, ", hp_.n_vocab, ")");
+    }
+    void embed(const token* ids, std::int64_t m, float* h) const {
+        const std::int64_t E = hp_.n_embd;
+        for (std::int64_t t = 0; t < m; ++t)
+            quant::dequantize_row(weights_.tok_embd.type, weights_.tok_embd.row(ids[t]), h + t * E, E);
+    }
+    void norm_rows(const float* h, const weight& w, float* u, std::int64_t m) const {
+        const std::int64_t E = hp_.n_embd;
+        for (std::int64_t t = 0; t < m; ++t) math::rms_norm(h + t * E, w.f32(), u + t * E, E, hp_.rms_eps);
+    }
+    void add_rows(float* h, const float* y, std::int64_t m) const {
+        for (std::int64_t i = 0; i < m * hp_.n_embd; ++i) h[i] += y[i];
+    }
+
+    // Runs rows through all layers with a state-writing pass (commit or verify); writes logits
+    // of rows [first_row, m) to dst if given.
+    template <class Pass>
+    void run_rows(Pass pass, session& s, const token* ids, std::int64_t m, float* dst, std::int64_t first_row) {
         const dims<V> d = dim();
         const std::int64_t E = d.n_embd();
         workspace& ws = s.scratch();
         float* h = workspace::get(ws.x, std::size_t(m * E));   // residual stream [m, E]
         float* u = workspace::get(ws.u, std::size_t(m * E));   // normed input [m, E]
         float* y = workspace::get(ws.logits_rows, std::size_t(m * E));  // sub-layer output [m, E]
-        for (std::int64_t t = 0; t < m; ++t)
-            quant::dequantize_row(weights_.tok_embd.type, weights_.tok_embd.row(ids[t]), h + t * E, E);
+        embed(ids, m, h);
         const std::int64_t pos0 = s.n_past();
         for (std::int64_t il = 0; il < d.n_layer(); ++il) {
             const layer_weights& L = weights_.layers[il];
-            for (std::int64_t t = 0; t < m; ++t) math::rms_norm(h + t * E, L.attn_norm.f32(), u + t * E, E, hp_.rms_eps);
+            norm_rows(h, L.attn_norm, u, m);
             if (L.recurrent)
-                layers::gated_deltanet<V, Backend>::forward(commit_pass{}, be_, d, L.gdn, s.gdn(il), u, y, m, ws);
+                layers::gated_deltanet<V, Backend>::forward(pass, be_, d, L.gdn, s.gdn(il), u, y, m, ws);
             else
-                layers::gated_attention<V, Backend>::forward(commit_pass{}, be_, d, L.attn, s.attn(il), pos0, u, y, m, ws);
-            for (std::int64_t i = 0; i < m * E; ++i) h[i] += y[i];
-            for (std::int64_t t = 0; t < m; ++t) math::rms_norm(h + t * E, L.post_norm.f32(), u + t * E, E, hp_.rms_eps);
-            layers::sparse_moe<V, Backend>::forward(commit_pass{}, be_, d, L.moe, u, y, m, ws);
-            for (std::int64_t i = 0; i < m * E; ++i) h[i] += y[i];
+                layers::gated_attention<V, Backend>::forward(pass, be_, d, L.attn, s.attn(il), pos0, u, y, m, ws);
+            add_rows(h, y, m);
+            norm_rows(h, L.post_norm, u, m);
+            layers::sparse_moe<V, Backend>::forward(pass, be_, d, L.moe, u, y, m, ws);
+            add_rows(h, y, m);
         }
         s.append_tokens(ids, m);
         if (!dst) return;
         const std::int64_t r = m - first_row;
-        for (std::int64_t t = 0; t < r; ++t)
-            math::rms_norm(h + (first_row + t) * E, weights_.output_norm.f32(), u + t * E, E, hp_.rms_eps);
+        norm_rows(h + first_row * E, weights_.output_norm, u, r);
         be_.matmul(weights_.output, u, dst, r);
     }
 
     hparams hp_;
     model_weights weights_;
     Backend be_;
+    std::int64_t verify_start_ = 0;
 };
 
 }  // namespace clover

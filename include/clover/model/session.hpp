@@ -21,10 +21,37 @@ struct attention_cache {
     std::vector<float> k, v;  // [ctx, n_head_kv * head_dim]
 };
 
+struct gdn_state;
+
+// What a verify pass keeps per GDN layer so the decoder can roll back to any prefix of the
+// verified rows by replaying the recurrence (clover-diffusion.md §4), without re-reading weights.
+struct gdn_verify_record {
+    std::vector<float> S0, ring0;  // state and conv ring at the block start
+    std::vector<float> m;          // [n, C] pre-conv rows
+    std::vector<float> y;          // [n, C] post-conv rows: q̃ (scaled), k̂, v
+    std::vector<float> g, beta;    // [n, n_v_heads]
+    std::int64_t n = 0;
+    inline void begin(const gdn_state& st, const float* m_rows, std::int64_t rows, std::int64_t C);
+    void keep(const float* y_rows, const float* g_rows, const float* beta_rows, std::int64_t rows, std::int64_t C,
+              std::int64_t Hv) {
+        y.assign(y_rows, y_rows + rows * C);
+        g.assign(g_rows, g_rows + rows * Hv);
+        beta.assign(beta_rows, beta_rows + rows * Hv);
+    }
+};
+
 struct gdn_state {
     std::vector<float> S;     // [n_v_heads][dk][dv]  (row = key index, column = value index)
     std::vector<float> conv;  // [K-1][conv_channels]: the last K-1 pre-conv inputs, oldest first
+    gdn_verify_record rec;    // scratch of the last verify pass (not part of the state proper)
 };
+
+inline void gdn_verify_record::begin(const gdn_state& st, const float* m_rows, std::int64_t rows, std::int64_t C) {
+    S0 = st.S;
+    ring0 = st.conv;
+    m.assign(m_rows, m_rows + rows * C);
+    n = rows;
+}
 
 // Grow-only scratch buffers so steady-state decoding allocates nothing.
 struct workspace {
@@ -83,6 +110,8 @@ public:
         gdn_ = s.gdn;
         tokens_.resize(std::size_t(s.n_past));
     }
+    // Drops committed tokens past n (the model rolls the GDN layers back itself).
+    void truncate_tokens(std::int64_t n) { tokens_.resize(std::size_t(n)); }
     // Exact equality of the whole state (tests: a preview pass must leave it bit-identical).
     bool same_state(const session& o) const {
         if (tokens_ != o.tokens_ || attn_.size() != o.attn_.size() || gdn_.size() != o.gdn_.size()) return false;

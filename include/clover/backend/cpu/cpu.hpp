@@ -29,6 +29,21 @@ public:
 
     int threads() const { return pool_.size(); }
 
+    // While alive, every matmul computes each row exactly as a one-row product would, so a
+    // verify pass over drafted rows reproduces AR decoding bit for bit (lossless speculation
+    // compares argmaxes, and a different summation order can flip a near tie).
+    class exact_rows_scope {
+    public:
+        explicit exact_rows_scope(cpu& be) : be_(be), old_(be.exact_rows_) { be.exact_rows_ = true; }
+        ~exact_rows_scope() { be_.exact_rows_ = old_; }
+        exact_rows_scope(const exact_rows_scope&) = delete;
+        exact_rows_scope& operator=(const exact_rows_scope&) = delete;
+
+    private:
+        cpu& be_;
+        bool old_;
+    };
+
     template <class F>
     void parallel_for(std::int64_t n, std::int64_t grain, F&& fn) {
         pool_.parallel_for(n, grain, std::forward<F>(fn));
@@ -37,7 +52,7 @@ public:
     // y[n, w.rows] = x[n, w.cols] · wᵀ, for one (non-stacked) weight matrix.
     void matmul(const weight& w, const float* x, float* y, std::int64_t n) {
         const std::int64_t K = w.cols, N = w.rows;
-        if (w.type == dtype::f32 && n > 1) {
+        if (w.type == dtype::f32 && n > 1 && !exact_rows_) {
             // Dense f32 multi-row: Eigen's blocked GEMM, split over output features.
             using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
             Eigen::Map<const RowMat> X(x, n, K);
@@ -79,6 +94,7 @@ public:
 private:
     cpu_detail::thread_pool pool_;
     std::vector<std::byte> act_;
+    bool exact_rows_ = false;
 };
 
 }  // namespace clover::backend
