@@ -96,6 +96,34 @@ public:
         return f_.find_tensor("output.weight") ? get("output.weight").apply(u) : get("token_embd.weight").apply(u);
     }
 
+    // One preview pass (clover-diffusion.md §3) over `block` at positions pos.., read-only on the
+    // state: bidirectional block attention over the cache, GDN look-ahead conv + block softmax
+    // with the history slot, MoE restricted to the coreset. Rows: the logits of each position.
+    std::vector<vec> preview(const std::vector<std::int32_t>& block, std::int64_t coreset) {
+        const std::size_t B = block.size();
+        std::vector<vec> h;
+        for (auto id : block) h.push_back(row("token_embd.weight", id));
+        for (std::int64_t l = 0; l < L; ++l) {
+            const std::string p = "blk." + std::to_string(l) + ".";
+            std::vector<vec> u(B);
+            for (std::size_t t = 0; t < B; ++t) u[t] = rmsnorm(h[t], vecf(p + "attn_norm.weight").data(), 0, std::size_t(E), eps);
+            std::vector<vec> y = ((l + 1) % interval == 0) ? preview_attention(p, l, u) : preview_deltanet(p, l, u);
+            for (std::size_t t = 0; t < B; ++t) {
+                for (std::int64_t i = 0; i < E; ++i) h[t][i] += y[t][i];
+                u[t] = rmsnorm(h[t], vecf(p + "post_attention_norm.weight").data(), 0, std::size_t(E), eps);
+            }
+            y = preview_moe(p, u, coreset);
+            for (std::size_t t = 0; t < B; ++t)
+                for (std::int64_t i = 0; i < E; ++i) h[t][i] += y[t][i];
+        }
+        std::vector<vec> out;
+        for (std::size_t t = 0; t < B; ++t) {
+            vec u = rmsnorm(h[t], vecf("output_norm.weight").data(), 0, std::size_t(E), eps);
+            out.push_back(f_.find_tensor("output.weight") ? get("output.weight").apply(u) : get("token_embd.weight").apply(u));
+        }
+        return out;
+    }
+
 private:
     struct layer_state {
         vec S, conv;
@@ -248,20 +276,160 @@ private:
         return get(p + "ssm_out.weight").apply(o);
     }
 
-    vec moe(const std::string& p, const vec& u) {
+    std::vector<vec> preview_attention(const std::string& p, std::int64_t l, const std::vector<vec>& u) {
+        const std::int64_t B = std::int64_t(u.size()), base = pos_;
+        const vec& qn = vecf(p + "attn_q_norm.weight");
+        const vec& kn = vecf(p + "attn_k_norm.weight");
+        std::vector<vec> qg(u.size()), K = state_[l].K, V = state_[l].V;  // cached rows, then the block's
+        for (std::int64_t t = 0; t < B; ++t) {
+            qg[t] = get(p + "attn_q.weight").apply(u[t]);
+            vec k = get(p + "attn_k.weight").apply(u[t]), kk(static_cast<std::size_t>(Hkv * hd));
+            for (std::int64_t j = 0; j < Hkv; ++j) {
+                vec r = rmsnorm(k, kn.data(), std::size_t(j * hd), std::size_t(hd), eps);
+                rope(r.data(), base + t);
+                std::copy(r.begin(), r.end(), kk.begin() + j * hd);
+            }
+            K.push_back(kk);
+            V.push_back(get(p + "attn_v.weight").apply(u[t]));
+        }
+        std::vector<vec> out;
+        for (std::int64_t t = 0; t < B; ++t) {
+            vec o(static_cast<std::size_t>(H * hd));
+            for (std::int64_t h = 0; h < H; ++h) {
+                vec q = rmsnorm(qg[t], qn.data(), std::size_t(h * 2 * hd), std::size_t(hd), eps);
+                rope(q.data(), base + t);
+                const std::int64_t j = h / (H / Hkv);
+                std::vector<double> sc(K.size());
+                double mx = -1e300, z = 0;
+                for (std::size_t s2 = 0; s2 < K.size(); ++s2) {
+                    double d = 0;
+                    for (std::int64_t i = 0; i < hd; ++i) d += double(q[i]) * K[s2][j * hd + i];
+                    mx = std::max(mx, sc[s2] = d / std::sqrt(double(hd)));
+                }
+                for (auto& x : sc) z += (x = std::exp(x - mx));
+                for (std::int64_t i = 0; i < hd; ++i) {
+                    double acc = 0;
+                    for (std::size_t s2 = 0; s2 < K.size(); ++s2) acc += sc[s2] / z * V[s2][j * hd + i];
+                    o[h * hd + i] = float(acc) * sigm(qg[t][h * 2 * hd + hd + i]);
+                }
+            }
+            out.push_back(get(p + "attn_output.weight").apply(o));
+        }
+        return out;
+    }
+
+    std::vector<vec> preview_deltanet(const std::string& p, std::int64_t l, const std::vector<vec>& u) {
+        const auto& st = state_[l];
+        const std::int64_t B = std::int64_t(u.size());
+        std::vector<vec> m, z;
+        for (const auto& x : u) {
+            m.push_back(get(p + "attn_qkv.weight").apply(x));
+            z.push_back(get(p + "attn_gate.weight").apply(x));
+        }
+        const vec& w = vecf(p + "ssm_conv1d.weight");         // [C][Kc]
+        const vec& wr = vecf(p + "ssm_conv1d_right.weight");  // [C][Kc-1]
+        auto input = [&](std::int64_t tau, std::int64_t c) -> double {
+            if (tau < 0) return st.conv[(Kc + tau) * conv_ch + c];  // the clean window, [Kc-1] = newest
+            return tau < B ? m[tau][c] : 0.0;
+        };
+        std::vector<vec> y(u.size(), vec(static_cast<std::size_t>(conv_ch)));
+        for (std::int64_t t = 0; t < B; ++t)
+            for (std::int64_t c = 0; c < conv_ch; ++c) {
+                double s = 0;
+                for (std::int64_t i = 0; i < Kc; ++i) s += w[c * Kc + i] * input(t - Kc + 1 + i, c);
+                for (std::int64_t d = 1; d < Kc; ++d) s += wr[c * (Kc - 1) + d - 1] * input(t + d, c);
+                y[t][c] = silu(float(s));
+            }
+        auto unit = [&](float* x, std::int64_t n) {
+            double ss = 0;
+            for (std::int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+            for (std::int64_t i = 0; i < n; ++i) x[i] = float(x[i] / std::sqrt(ss + eps));
+        };
+        for (auto& r : y)
+            for (std::int64_t h = 0; h < Hk; ++h) {
+                unit(&r[h * dk], dk);
+                unit(&r[Hk * dk + h * dk], dk);
+            }
+        const vec& lam = vecf(p + "ssm_bd_logit_scale");
+        const vec& hb = vecf(p + "ssm_bd_history_bias");
+        const vec& hc = vecf(p + "ssm_bd_history_c");
+        const vec& nw = vecf(p + "ssm_norm.weight");
+        std::vector<vec> out;
+        for (std::int64_t t = 0; t < B; ++t) {
+            vec o(static_cast<std::size_t>(Hv * dv));
+            for (std::int64_t h = 0; h < Hv; ++h) {
+                const std::int64_t kh = h % Hk;
+                const float* q = &y[t][kh * dk];
+                std::vector<double> a(static_cast<std::size_t>(B + 1));
+                a[0] = hb[h];
+                for (std::int64_t s2 = 0; s2 < B; ++s2) {
+                    double d = 0;
+                    for (std::int64_t i = 0; i < dk; ++i) d += double(q[i]) * y[s2][Hk * dk + kh * dk + i];
+                    a[1 + s2] = lam[h] * d;
+                }
+                double mx = *std::max_element(a.begin(), a.end()), zs = 0;
+                for (auto& x : a) zs += (x = std::exp(x - mx));
+                vec oh(static_cast<std::size_t>(dv));
+                for (std::int64_t j = 0; j < dv; ++j) {
+                    double r = 0;
+                    for (std::int64_t i = 0; i < dk; ++i) r += double(st.S[(h * dk + i) * dv + j]) * q[i] / std::sqrt(double(dk));
+                    double acc = a[0] / zs * hc[h] * r;
+                    for (std::int64_t s2 = 0; s2 < B; ++s2) acc += a[1 + s2] / zs * y[s2][2 * Hk * dk + h * dv + j];
+                    oh[j] = float(acc);
+                }
+                vec n = rmsnorm(oh, nw.data(), 0, std::size_t(dv), eps);
+                for (std::int64_t j = 0; j < dv; ++j) o[h * dv + j] = n[j] * silu(z[t][h * dv + j]);
+            }
+            out.push_back(get(p + "ssm_out.weight").apply(o));
+        }
+        return out;
+    }
+
+    std::vector<vec> preview_moe(const std::string& p, const std::vector<vec>& u, std::int64_t C) {
+        std::vector<std::vector<double>> pr;
+        for (const auto& x : u) pr.push_back(probs(p, x));
+        std::vector<bool> allowed(static_cast<std::size_t>(X), true);
+        if (C > 0 && C < X) {
+            std::vector<double> score(static_cast<std::size_t>(X), 0.0);
+            for (const auto& r : pr)
+                for (std::int64_t e = 0; e < X; ++e) score[e] += r[e];
+            std::fill(allowed.begin(), allowed.end(), false);
+            for (std::int64_t c = 0; c < C; ++c) {
+                std::int64_t best = -1;
+                for (std::int64_t e = 0; e < X; ++e)
+                    if (!allowed[e] && (best < 0 || score[e] > score[best])) best = e;
+                allowed[best] = true;
+            }
+        }
+        std::vector<vec> out;
+        for (std::size_t t = 0; t < u.size(); ++t) out.push_back(moe_with(p, u[t], pr[t], allowed));
+        return out;
+    }
+
+    std::vector<double> probs(const std::string& p, const vec& u) {
         vec logits = get(p + "ffn_gate_inp.weight").apply(u);
         double mx = -1e300, z = 0;
         for (float x : logits) mx = std::max(mx, double(x));
         std::vector<double> pr(logits.size());
         for (std::size_t e = 0; e < pr.size(); ++e) z += (pr[e] = std::exp(logits[e] - mx));
         for (auto& x : pr) x /= z;
+        return pr;
+    }
+
+    vec moe(const std::string& p, const vec& u) {
+        return moe_with(p, u, probs(p, u), std::vector<bool>(static_cast<std::size_t>(X), true));
+    }
+
+    // Top-k among the allowed experts (k' = min(k, |allowed|)), renormalised, plus the shared expert.
+    vec moe_with(const std::string& p, const vec& u, const std::vector<double>& pr, std::vector<bool> allowed) {
+        std::int64_t n_allowed = 0;
+        for (bool a : allowed) n_allowed += a;
         std::vector<std::int64_t> chosen;
-        std::vector<bool> used(pr.size(), false);
-        for (std::int64_t j = 0; j < k_used; ++j) {
+        for (std::int64_t j = 0; j < std::min(k_used, n_allowed); ++j) {
             std::int64_t best = -1;
             for (std::int64_t e = 0; e < X; ++e)
-                if (!used[e] && (best < 0 || pr[e] > pr[best])) best = e;
-            used[best] = true;
+                if (allowed[e] && (best < 0 || pr[e] > pr[best])) best = e;
+            allowed[best] = false;
             chosen.push_back(best);
         }
         double wsum = 0;
