@@ -2,6 +2,7 @@
 // from the library arrive as clover::error and are printed as one line.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -14,6 +15,16 @@ int main(int argc, char** argv) {
     clover::cli::add_model_commands(app);
     clover::cli::add_gguf_commands(app);
     try {
+        std::string names;
+        bool known = false;
+        for (const auto* c : app.get_subcommands({})) {
+            names += (names.empty() ? "" : ", ") + c->get_name();
+            known = known || (argc > 1 && c->get_name() == argv[1]);
+        }
+        if (argc > 1 && argv[1][0] != '-' && !known) {
+            std::fprintf(stderr, "error: unknown command '%s' (commands: %s)\n", argv[1], names.c_str());
+            return 2;
+        }
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);
