@@ -7,6 +7,8 @@
 //     IN.json: a JSON array of strings; prints (or writes) a JSON array of id arrays.
 //     --no-special: control tokens (special: true) are not recognised in the text, which is
 //       what `clover tokenize --no-special` does; built by dropping them from added_tokens.
+//   node tools/tokenizer/encode.mjs --nfc IN.json [OUT.json]
+//     prints each string's String.prototype.normalize("NFC") instead (the NFC oracle).
 //   node tools/tokenizer/encode.mjs [--peers DIR] --bench FILE [--repeat N]
 //     encodes the file's text and prints {"bytes":…, "seconds":…, "mb_per_s":…, "tokens":…}.
 import { readFileSync, writeFileSync } from "node:fs";
@@ -16,15 +18,35 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 
 const args = process.argv.slice(2);
 let peers = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../.peers");
-let noSpecial = false, bench = null, repeat = 1;
+let noSpecial = false, bench = null, repeat = 1, nfcOnly = false;
 const files = [];
 for (let i = 0; i < args.length; i++) {
   if (args[i] === "--peers") peers = path.resolve(args[++i]);
   else if (args[i] === "--no-special") noSpecial = true;
+  else if (args[i] === "--nfc") nfcOnly = true;
   else if (args[i] === "--bench") bench = args[++i];
   else if (args[i] === "--repeat") repeat = Number(args[++i]);
   else files.push(args[i]);
 }
+function readTexts(file) {
+  const texts = JSON.parse(readFileSync(file, "utf8"));
+  if (!Array.isArray(texts) || !texts.every((t) => typeof t === "string")) {
+    console.error(`encode.mjs: ${file} must hold a JSON array of strings`);
+    process.exit(2);
+  }
+  return texts;
+}
+function emit(value) {
+  const out = JSON.stringify(value);
+  if (files[1]) writeFileSync(files[1], out);
+  else process.stdout.write(out + "\n");
+}
+if (nfcOnly) {
+  if (files.length < 1) { console.error("usage: encode.mjs --nfc IN.json [OUT.json]"); process.exit(2); }
+  emit(readTexts(files[0]).map((t) => t.normalize("NFC")));
+  process.exit(0);
+}
+
 const require = createRequire(path.join(peers, "package.json"));
 let entry;
 try {
@@ -59,11 +81,4 @@ if (files.length < 1) {
   console.error("usage: encode.mjs [--peers DIR] [--no-special] IN.json [OUT.json]");
   process.exit(2);
 }
-const texts = JSON.parse(readFileSync(files[0], "utf8"));
-if (!Array.isArray(texts) || !texts.every((t) => typeof t === "string")) {
-  console.error(`encode.mjs: ${files[0]} must hold a JSON array of strings`);
-  process.exit(2);
-}
-const out = JSON.stringify(texts.map(encode));
-if (files[1]) writeFileSync(files[1], out);
-else process.stdout.write(out + "\n");
+emit(readTexts(files[0]).map(encode));

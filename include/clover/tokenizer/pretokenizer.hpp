@@ -199,19 +199,22 @@ private:
     // HF "Isolated" behaviour: matches and the text between them are all pieces.
     template <class Emit>
     void split_pcre2(std::string_view text, Emit& emit) const {
-        struct guard {
-            pcre2_match_data* md;
-            pcre2_match_context* mc;
-            pcre2_jit_stack* js;
-            ~guard() {
+        // Match data and the JIT stack (an 8 MiB mapping) are made once per thread, not per call.
+        struct scratch {
+            pcre2_match_data* md = pcre2_match_data_create(1, nullptr);  // only the whole match is read
+            pcre2_match_context* mc = pcre2_match_context_create(nullptr);
+            pcre2_jit_stack* js = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
+            scratch() {
+                if (mc && js) pcre2_jit_stack_assign(mc, nullptr, js);
+            }
+            ~scratch() {
                 pcre2_match_data_free(md);
                 pcre2_match_context_free(mc);
                 if (js) pcre2_jit_stack_free(js);
             }
-        } g{pcre2_match_data_create_from_pattern(re_->code, nullptr), pcre2_match_context_create(nullptr),
-            pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr)};
+        };
+        thread_local scratch g;
         if (!g.md || !g.mc) fail("pre-tokenizer regex: out of memory");
-        if (g.js) pcre2_jit_stack_assign(g.mc, nullptr, g.js);
         auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
         std::size_t prev = 0, pos = 0;
         while (pos <= text.size()) {

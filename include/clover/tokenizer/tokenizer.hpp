@@ -250,11 +250,15 @@ private:
         }
 
         pre_name_ = s.pre;
-        if (s.pre == "qwen2") pre_ = tok::pretokenizer::qwen2();
-        else if (s.pre == "qwen35") pre_ = tok::pretokenizer::qwen35();
-        else if (s.pre == "gpt2") pre_ = tok::pretokenizer::regex(tok::gpt2_pattern);
-        else if (s.pre == "regex") pre_ = s.pre_regex.empty() ? tok::pretokenizer::whole() : tok::pretokenizer::regex(s.pre_regex);
-        else fail(s.source, ": unknown pre-tokenizer '", s.pre, "'");
+        try {
+            if (s.pre == "qwen2") pre_ = tok::pretokenizer::qwen2();
+            else if (s.pre == "qwen35") pre_ = tok::pretokenizer::qwen35();
+            else if (s.pre == "gpt2") pre_ = tok::pretokenizer::regex(tok::gpt2_pattern);
+            else if (s.pre == "regex") pre_ = s.pre_regex.empty() ? tok::pretokenizer::whole() : tok::pretokenizer::regex(s.pre_regex);
+            else fail("unknown pre-tokenizer '", s.pre, "'");
+        } catch (const clover::error& e) {
+            fail(s.source, ": ", e.what());
+        }
         nfc_ = s.nfc;
         ignore_merges_ = s.ignore_merges;
         auto checked = [&](std::int32_t id, const char* what) {
