@@ -1,0 +1,219 @@
+#!/usr/bin/python3
+"""Trains the small Clover model (tools/train/README.md has the recipe and the results).
+
+Objectives, every step, on the same batch of B windows of T tokens from the training split:
+  L = L_ar + L_diff + 0.01 * L_balance
+  L_ar      causal next-token cross-entropy at every position (commit pass).
+  L_diff    block diffusion: NB block starts p_j drawn uniformly (distinct, p_j + 32 <= T, shared by
+            the batch); block j = tokens p_j .. p_j+31 with each row replaced by <|mask|> with
+            probability r ~ U(0,1) drawn per (window, block) (at least one row masked); one preview
+            pass per block over the clean causal prefix state (clover-diffusion.md §3, computed in
+            the same forward as the commit pass); cross-entropy on the masked rows only, no shift
+            (row i predicts token p_j+i), averaged over masked rows.
+  L_balance Switch-style expert load balance (E * sum_e f_e * mean P_e), averaged over layers.
+Schedule: AdamW (0.9, 0.95), weight decay 0.1 on matrices, grad clip 1.0, linear warm-up, then
+cosine to 10% over the WALL-CLOCK budget (--minutes), so a run under CPU contention still ends
+annealed. Checkpoints (latest and best held-out) go to --out every --eval-every seconds.
+"""
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bpe
+import data
+from clover_ref import CloverModel, Config
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def load_tokens(tok, cache):
+    if os.path.exists(cache):
+        d = np.load(cache)
+        return d["train"], d["held"]
+    train, held = data.load_split()
+    eot = tok.special("<|endoftext|>")
+
+    def enc(docs):
+        out = []
+        for _, t in docs:
+            out += tok.encode(t) + [eot]
+        return np.array(out, dtype=np.int16)
+    tr, he = enc(train), enc(held)
+    np.savez(cache, train=tr, held=he)
+    return tr, he
+
+
+def model_config(args, tok):
+    return Config(n_vocab=tok.n_vocab, n_embd=args.d, n_layer=args.layers, n_head=4, n_head_kv=2, head_dim=64,
+                  n_rot=16, sections=(3, 3, 2, 0), rope_theta=10000.0, qk_heads=4, v_heads=8, dk=32, dv=32,
+                  n_expert=args.experts, n_expert_used=2, ff_exp=args.ff_exp, ff_shexp=args.ff_sh,
+                  mask_id=tok.special("<|mask|>"), block_size=32)
+
+
+def make_batch(stream, B, T, NB, Bk, mask_id, gen):
+    off = torch.randint(0, len(stream) - T - 1, (B,), generator=gen)
+    ids = torch.stack([torch.from_numpy(stream[o:o + T + 1].astype(np.int64)) for o in off.tolist()])
+    starts = sorted(torch.randperm(T - Bk + 1, generator=gen)[:NB].tolist())
+    blocks = torch.stack([ids[:, s:s + Bk] for s in starts], 1)         # [B, NB, Bk] targets
+    r = torch.rand(B, NB, 1, generator=gen)
+    m = torch.rand(B, NB, Bk, generator=gen) < r
+    force = torch.randint(0, Bk, (B, NB), generator=gen)
+    m.scatter_(2, force[..., None], True)
+    inp = blocks.masked_fill(m, mask_id)
+    return ids, starts, blocks, inp, m
+
+
+def losses(model, ids, starts, blocks, inp, m):
+    lc, lb, aux = model(ids[:, :-1], inp, starts)
+    l_ar = F.cross_entropy(lc.reshape(-1, lc.shape[-1]), ids[:, 1:].reshape(-1))
+    l_d = F.cross_entropy(lb[m], blocks[m])
+    return l_ar, l_d, aux, lb
+
+
+@torch.no_grad()
+def evaluate(model, held, args, cfg, n_batches=4):
+    gen = torch.Generator().manual_seed(777)
+    model.eval()
+    tot = {"ar": 0.0, "diff": 0.0, "conf": 0.0, "conf_acc": 0.0, "acc": 0.0}
+    nconf = 0
+    for _ in range(n_batches):
+        ids, starts, blocks, inp, m = make_batch(held, 8, args.T, args.NB, 32, cfg.mask_id, gen)
+        l_ar, l_d, _, lb = losses(model, ids, starts, blocks, inp, m)
+        tot["ar"] += float(l_ar)
+        tot["diff"] += float(l_d)
+        p = torch.softmax(lb[m], -1)
+        pmax, am = p.max(-1)
+        ok = am == blocks[m]
+        conf = pmax >= 0.95
+        tot["conf"] += float(conf.float().mean())
+        tot["acc"] += float(ok.float().mean())
+        if conf.any():
+            tot["conf_acc"] += float(ok[conf].float().mean())
+            nconf += 1
+    model.train()
+    out = {k: v / n_batches for k, v in tot.items()}
+    out["conf_acc"] = tot["conf_acc"] / max(1, nconf)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=70)
+    ap.add_argument("--out", default=os.path.join(ROOT, "models", "clover-small", "run"))
+    ap.add_argument("--log", default=os.path.join(ROOT, "models", "clover-small", "train_log.csv"))
+    ap.add_argument("--seed", type=int, default=20261202)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--B", type=int, default=12)
+    ap.add_argument("--T", type=int, default=256)
+    ap.add_argument("--NB", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=60)
+    ap.add_argument("--d", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--ff-exp", type=int, default=128)
+    ap.add_argument("--ff-sh", type=int, default=256)
+    ap.add_argument("--eval-every", type=float, default=300, help="seconds")
+    ap.add_argument("--bench", type=int, default=0, help="time N steps and exit")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    tok = bpe.Tokenizer.load(os.path.join(ROOT, "models", "clover-small", "tokenizer.json"))
+    train_stream, held_stream = load_tokens(tok, "/tmp/clover_small_tokens.npz")
+    cfg = model_config(args, tok)
+    model = CloverModel(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"params {n_params}  train tokens {len(train_stream)}  held-out tokens {len(held_stream)}", flush=True)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.endswith(("conv", "conv_right"))]
+    nodecay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and not n.endswith(("conv", "conv_right")))]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": nodecay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    os.makedirs(args.out, exist_ok=True)
+    budget = args.minutes * 60
+    t0 = time.time()
+    last_eval = t0
+    best = float("inf")
+    step, tokens = 0, 0
+    logf = None
+    if not args.bench:
+        logf = open(args.log, "w", newline="")
+        logw = csv.writer(logf)
+        logw.writerow(["step", "seconds", "tokens", "lr", "loss_ar", "loss_diff", "balance",
+                       "heldout_ar", "heldout_ppl", "heldout_diff", "heldout_conf95", "heldout_conf95_acc", "heldout_diff_acc"])
+    ema = None
+
+    def save(tag, ev):
+        ck = {"config": dataclasses.asdict(cfg), "model": model.state_dict(), "step": step, "tokens": tokens,
+              "seconds": time.time() - t0, "eval": ev, "args": vars(args)}
+        torch.save(ck, os.path.join(args.out, tag + ".pt"))
+
+    while True:
+        el = time.time() - t0
+        frac = min(1.0, el / budget)
+        if step < args.warmup:
+            lr = args.lr * (step + 1) / args.warmup
+        else:
+            lr = args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        ids, starts, blocks, inp, m = make_batch(train_stream, args.B, args.T, args.NB, 32, cfg.mask_id, gen)
+        l_ar, l_d, aux, _ = losses(model, ids, starts, blocks, inp, m)
+        loss = l_ar + l_d + 0.01 * aux
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        tokens += args.B * args.T
+        cur = (float(l_ar), float(l_d), float(aux))
+        ema = cur if ema is None else tuple(0.95 * a + 0.05 * b for a, b in zip(ema, cur))
+        if args.bench:
+            if step == 2:
+                tb = time.time()
+            if step == args.bench:
+                dt = (time.time() - tb) / (args.bench - 2)
+                print(f"params {n_params}: {dt:.2f} s/step, {args.B * args.T / dt:.0f} tok/s, loss {cur}")
+                return
+            continue
+        now = time.time()
+        do_eval = now - last_eval >= args.eval_every or now - t0 >= budget
+        row = [step, round(now - t0, 1), tokens, f"{lr:.3e}", f"{cur[0]:.4f}", f"{cur[1]:.4f}", f"{cur[2]:.4f}"]
+        if do_eval:
+            ev = evaluate(model, held_stream, args, cfg)
+            row += [f"{ev['ar']:.4f}", f"{math.exp(ev['ar']):.3f}", f"{ev['diff']:.4f}", f"{ev['conf']:.4f}",
+                    f"{ev['conf_acc']:.4f}", f"{ev['acc']:.4f}"]
+            print(f"step {step} {now - t0:.0f}s tok {tokens} lr {lr:.2e} train ar {ema[0]:.3f} diff {ema[1]:.3f} | "
+                  f"held ar {ev['ar']:.3f} ppl {math.exp(ev['ar']):.2f} diff {ev['diff']:.3f} conf95 {ev['conf']:.3f} "
+                  f"acc@conf {ev['conf_acc']:.3f} acc {ev['acc']:.3f}", flush=True)
+            save("latest", ev)
+            score = ev["ar"] + ev["diff"]
+            if score < best:
+                best = score
+                save("best", ev)
+            last_eval = now
+        else:
+            row += [""] * 6
+        if step % 10 == 0 or do_eval:
+            logw.writerow(row)
+            logf.flush()
+        if step % 50 == 0:
+            print(f"step {step} {now - t0:.0f}s lr {lr:.2e} ar {ema[0]:.3f} diff {ema[1]:.3f} bal {ema[2]:.3f}", flush=True)
+        if now - t0 >= budget:
+            break
+    logf.close()
+    print("done", step, "steps", tokens, "tokens", f"{time.time() - t0:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
