@@ -1,6 +1,9 @@
-// Every kernel against its plain scalar twin on random data with odd sizes.
+// Every kernel against its plain scalar twin on random data with odd sizes: the conversions,
+// the quantizers, every (R rows × C tokens) tile of every weight type, the backend's products
+// (threads, multi-product calls, exact rows) and the thread pool.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -15,6 +18,39 @@
 #endif
 
 using namespace clover;
+namespace cd = clover::backend::cpu_detail;
+
+namespace {
+
+constexpr dtype all_types[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_k, dtype::q5_k, dtype::q6_k};
+
+// A weight matrix of `rows` × `cols` random values quantized to t (owning its bytes).
+struct test_matrix {
+    std::vector<std::byte> bytes;
+    weight w;
+    test_matrix(dtype t, std::int64_t rows, std::int64_t cols, std::uint64_t seed, float scale = 1.f) {
+        auto wf = testutil::random_vec(std::size_t(rows * cols), seed, -scale, scale);
+        const std::size_t rb = quant::row_bytes(t, cols);
+        bytes.resize(rb * std::size_t(rows));
+        for (std::int64_t r = 0; r < rows; ++r) quant::quantize_row(t, wf.data() + r * cols, bytes.data() + r * rb, cols);
+        w.data = bytes.data();
+        w.type = t;
+        w.cols = cols;
+        w.rows = rows;
+        w.row_bytes = rb;
+        w.name = "test";
+    }
+};
+
+std::vector<std::int64_t> sizes_for(dtype t) {
+    switch (quant::row_granule(t)) {
+        case 32: return {32, 96, 160, 352, 2080};
+        case 256: return {256, 768, 1280, 2304};
+        default: return {1, 7, 31, 33, 100, 255, 1000, 2049};
+    }
+}
+
+}  // namespace
 
 TEST_CASE("f16 <-> f32 conversions are exact (all 65536 halves; RNE on random floats)") {
     for (std::uint32_t h = 0; h < 65536; ++h) {
@@ -57,47 +93,172 @@ TEST_CASE("Q8_0 quantize/dequantize stays within half a step (plus the f16 round
     }
 }
 
-TEST_CASE("SIMD vec_dot equals the scalar reference for every weight type and odd sizes") {
-    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0}) {
-        for (int n : {1, 7, 31, 32, 33, 100, 256, 1000, 4096}) {
-            if (t == dtype::q8_0 && n % 32) continue;
-            CAPTURE(dtype_name(t)); CAPTURE(n);
-            auto a = testutil::random_vec(std::size_t(n), 100 + n), b = testutil::random_vec(std::size_t(n), 200 + n);
-            std::vector<std::byte> qa(quant::row_bytes(t, n)), qb(quant::row_bytes(t, n));
-            quant::quantize_row(t, a.data(), qa.data(), n);
-            quant::quantize_row(quant::activation_type(t), b.data(), qb.data(), n);
-            const float ref = quant::vec_dot_ref(t, qa.data(), qb.data(), n);
-            const float fast = backend::cpu_detail::vec_dot(t, qa.data(), qb.data(), n);
-            CHECK(fast == doctest::Approx(ref).epsilon(1e-4).scale(std::sqrt(double(n))));
+TEST_CASE("Q8_K follows ggml's rule: the largest magnitude maps to -127, sums of 16") {
+    std::vector<float> x(256);
+    for (int i = 0; i < 256; ++i) x[i] = float(i % 17) - 8.f;
+    x[37] = 20.f;   // largest magnitude, positive: maps to -127 (iscale = -127/20)
+    x[99] = -20.f;  // same magnitude later: the first one wins
+    quant::block_q8_k q;
+    quant::quantize_row_q8_k(x.data(), &q, 256);
+    CHECK(q.qs[37] == -127);
+    CHECK(q.qs[99] == 127);
+    CHECK(q.d == doctest::Approx(-20.f / 127.f));
+    for (int j = 0; j < 16; ++j) {
+        int s = 0;
+        for (int i = 0; i < 16; ++i) s += q.qs[16 * j + i];
+        CHECK(q.bsums[j] == s);
+    }
+    for (int i = 0; i < 256; ++i) CHECK(q.qs[i] == std::min(127, int(std::nearbyint(x[i] * (-127.f / 20.f)))));
+    std::vector<float> z(256, 0.f);
+    quant::quantize_row_q8_k(z.data(), &q, 256);
+    CHECK(q.d == 0.f);
+    CHECK(q.bsums[3] == 0);
+}
+
+TEST_CASE("K-quant round trips: error within half a quantization step") {
+    for (dtype t : {dtype::q4_k, dtype::q5_k, dtype::q6_k}) {
+        CAPTURE(dtype_name(t));
+        const std::int64_t n = 768;
+        auto x = testutil::random_vec(std::size_t(n), 5, -2.f, 2.f);
+        std::vector<std::byte> q(quant::row_bytes(t, n));
+        quant::quantize_row(t, x.data(), q.data(), n);
+        std::vector<float> y(static_cast<std::size_t>(n));
+        quant::dequantize_row(t, q.data(), y.data(), n);
+        // steps: range 4 over 15 / 31 levels, or 2·2/63 for the symmetric Q6_K, plus scale coding
+        const float step = t == dtype::q4_k ? 4.f / 15.f : t == dtype::q5_k ? 4.f / 31.f : 4.f / 62.f;
+        CHECK(testutil::max_abs_diff(x.data(), y.data(), std::size_t(n)) < 0.75f * step);
+    }
+}
+
+TEST_CASE("K-quant block layouts: codes sit where GGUF puts them") {
+    // Q4_K: element 64c + l (l < 32) is the low nibble of qs[32c + l]; 64c + 32 + l the high one.
+    quant::block_q4_k b4{};
+    b4.qs[32 * 2 + 5] = 0xA3;
+    CHECK(quant::q4_k_code(b4, 64 * 2 + 5) == 0x3);
+    CHECK(quant::q4_k_code(b4, 64 * 2 + 32 + 5) == 0xA);
+    // scale field: j >= 4 takes its top two bits from byte j-4 (scales) / j (mins)
+    std::uint8_t sc[8] = {1, 2, 3, 4, 63, 33, 17, 48}, mn[8] = {5, 6, 7, 8, 62, 31, 16, 47}, b[12], sc2[8], mn2[8];
+    quant::pack_scales_k4(sc, mn, b);
+    quant::unpack_scales_k4(b, sc2, mn2);
+    for (int j = 0; j < 8; ++j) {
+        CHECK(sc2[j] == sc[j]);
+        CHECK(mn2[j] == mn[j]);
+    }
+    CHECK((b[0] >> 6) == (63 >> 4));
+    // Q5_K: bit 4 of element l of sub-block j is bit j of qh[l]
+    quant::block_q5_k b5{};
+    b5.qh[7] = std::uint8_t(1 << 5);
+    CHECK(quant::q5_k_code(b5, 32 * 5 + 7) == 16);
+    CHECK(quant::q5_k_code(b5, 32 * 4 + 7) == 0);
+    // Q6_K: element 128h + 32k + l: low nibble from ql[64h + 32(k&1) + l] (k<2 low, else high),
+    // top bits from bits 2k..2k+1 of qh[32h + l]
+    quant::block_q6_k b6{};
+    b6.ql[64 + 32 + 9] = 0x5C;
+    b6.qh[32 + 9] = std::uint8_t(0b10 << 6);
+    CHECK(quant::q6_k_code(b6, 128 + 96 + 9) == (0x5 | (0b10 << 4)));
+    CHECK(quant::q6_k_code(b6, 128 + 32 + 9) == 0xC);
+}
+
+TEST_CASE("every SIMD tile (R rows x C tokens) equals the scalar twin, every weight type, odd sizes") {
+    for (dtype t : all_types) {
+        const auto& fast = cd::kernels_for(t);
+        for (std::int64_t K : sizes_for(t)) {
+            CAPTURE(dtype_name(t)); CAPTURE(K);
+            test_matrix m(t, 4, K, std::uint64_t(K) * 3 + 1);
+            const auto x = testutil::random_vec(std::size_t(4 * K), std::uint64_t(K) * 7 + 2, -2.f, 2.f);
+            // reference: standard partner-type rows and quant::vec_dot_ref
+            const dtype at = quant::activation_type(t);
+            const std::size_t arb = quant::row_bytes(at, K);
+            std::vector<std::byte> xa(arb * 4);
+            for (int c = 0; c < 4; ++c) quant::quantize_row(at, x.data() + c * K, xa.data() + c * arb, K);
+            float ref[4][4];
+            for (int c = 0; c < 4; ++c)
+                for (int r = 0; r < 4; ++r) ref[c][r] = quant::vec_dot_ref(t, m.w.row(r), xa.data() + c * arb, K);
+            // fast: prepared rows
+            const std::size_t stride = cd::act_row_bytes(fast.act, K);
+            cd::aligned_buffer buf;
+            std::byte* ap = buf.get(stride * 4);
+            cd::prep_scratch ps;
+            for (int c = 0; c < 4; ++c) cd::prepare_row(fast.act, x.data() + c * K, ap + c * stride, K, ps);
+            for (int R : {1, 2, 4})
+                for (int C = 1; C <= 4; ++C) {
+                    CAPTURE(R); CAPTURE(C);
+                    float y[4 * 4];
+                    fast.tile(R, C)(m.w.data, m.w.row_bytes, ap, stride, K, y, 4);
+                    for (int c = 0; c < C; ++c)
+                        for (int r = 0; r < R; ++r)
+                            CHECK(y[c * 4 + r] == doctest::Approx(ref[c][r]).epsilon(1e-4).scale(std::sqrt(double(K))));
+                }
         }
     }
 }
 
-TEST_CASE("backend matmul equals matmul_ref (threads, Eigen path, odd shapes)") {
+TEST_CASE("a tile's (row, token) result does not depend on the tile shape (bitwise)") {
+    // This is what makes multi-row passes reproduce one-row passes exactly (exact_rows_scope).
+    for (dtype t : all_types) {
+        CAPTURE(dtype_name(t));
+        const std::int64_t K = quant::row_granule(t) == 256 ? 1280 : 352;
+        const auto& ks = cd::kernels_for(t);
+        test_matrix m(t, 4, K, 11);
+        const auto x = testutil::random_vec(std::size_t(4 * K), 12);
+        const std::size_t stride = cd::act_row_bytes(ks.act, K);
+        cd::aligned_buffer buf;
+        std::byte* ap = buf.get(stride * 4);
+        cd::prep_scratch ps;
+        for (int c = 0; c < 4; ++c) cd::prepare_row(ks.act, x.data() + c * K, ap + c * stride, K, ps);
+        float one[4][4], y[16];
+        for (int c = 0; c < 4; ++c)
+            for (int r = 0; r < 4; ++r) ks.tile(1, 1)(m.w.row(r), m.w.row_bytes, ap + c * stride, stride, K, &one[c][r], 1);
+        for (int R : {2, 4})
+            for (int C = 2; C <= 4; ++C) {
+                ks.tile(R, C)(m.w.data, m.w.row_bytes, ap, stride, K, y, 4);
+                for (int c = 0; c < C; ++c)
+                    for (int r = 0; r < R; ++r) CHECK(std::bit_cast<std::uint32_t>(y[c * 4 + r]) == std::bit_cast<std::uint32_t>(one[c][r]));
+            }
+    }
+}
+
+TEST_CASE("backend matmul equals matmul_ref (threads, token chunks, Eigen path, odd shapes)") {
     backend::cpu be({2});
-    for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0}) {
-        for (auto [rows, cols, n] : {std::tuple{1, 32, 1}, {17, 64, 3}, {65, 96, 5}, {33, 160, 1}, {7, 32, 40}}) {
+    for (dtype t : all_types) {
+        const std::int64_t g = quant::row_granule(t);
+        for (auto [rows, cols, n] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 1, 1}, {17, 2, 3}, {65, 3, 5},
+                                     {33, 5, 1}, {7, 1, 40}, {130, 2, 131}, {6, 9, 2}}) {
+            cols *= g == 1 ? 37 : g;
             CAPTURE(dtype_name(t)); CAPTURE(rows); CAPTURE(cols); CAPTURE(n);
-            auto wf = testutil::random_vec(std::size_t(rows * cols), 7);
-            std::vector<std::byte> wq(quant::row_bytes(t, cols) * std::size_t(rows));
-            for (int r = 0; r < rows; ++r)
-                quant::quantize_row(t, wf.data() + r * cols, wq.data() + r * quant::row_bytes(t, cols), cols);
-            weight w;
-            w.data = wq.data();
-            w.type = t;
-            w.cols = cols;
-            w.rows = rows;
-            w.row_bytes = quant::row_bytes(t, cols);
+            test_matrix m(t, rows, cols, 7);
             auto x = testutil::random_vec(std::size_t(n * cols), 8);
             std::vector<float> y1(std::size_t(n * rows)), y2(std::size_t(n * rows));
-            be.matmul(w, x.data(), y1.data(), n);
-            backend::cpu::matmul_ref(w, x.data(), y2.data(), n);
-            CHECK(testutil::max_abs_diff(y1.data(), y2.data(), y1.size()) < 1e-4f * (1 + testutil::max_abs(y2)));
+            be.matmul(m.w, x.data(), y1.data(), n);
+            backend::cpu::matmul_ref(m.w, x.data(), y2.data(), n);
+            CHECK(testutil::max_abs_diff(y1.data(), y2.data(), y1.size()) < 1e-4f * (1 + testutil::max_abs(y2)) * std::sqrt(float(cols) / 32));
         }
     }
 }
 
-TEST_CASE("thread pool: every index visited once, for many region sizes") {
+TEST_CASE("exact rows: an n-row product equals n one-row products bit for bit; matmul_many equals matmul") {
+    backend::cpu be({2});
+    backend::cpu::exact_rows_scope exact(be);
+    for (dtype t : all_types) {
+        CAPTURE(dtype_name(t));
+        const std::int64_t K = quant::row_granule(t) == 256 ? 512 : 160;
+        test_matrix a(t, 45, K, 21), b(t, 19, K, 22);
+        const std::int64_t n = 70;
+        auto x = testutil::random_vec(std::size_t(n * K), 23);
+        std::vector<float> ya(std::size_t(n * 45)), yb(std::size_t(n * 19)), one(45);
+        const backend::matmul_job jobs[2] = {{&a.w, ya.data()}, {&b.w, yb.data()}};
+        be.matmul_many(jobs, x.data(), n);
+        std::vector<float> yb2(yb.size());
+        be.matmul(b.w, x.data(), yb2.data(), n);
+        CHECK(std::memcmp(yb.data(), yb2.data(), yb.size() * 4) == 0);
+        for (std::int64_t i = 0; i < n; ++i) {
+            be.matmul(a.w, x.data() + i * K, one.data(), 1);
+            CHECK(std::memcmp(one.data(), ya.data() + i * 45, 45 * 4) == 0);
+        }
+    }
+}
+
+TEST_CASE("thread pool: every index visited once (contiguous and dynamic chunks), many region sizes") {
     backend::cpu be({3});
     for (std::int64_t n : {1, 2, 3, 5, 100, 1001}) {
         std::vector<int> hits(std::size_t(n), 0);
@@ -105,5 +266,25 @@ TEST_CASE("thread pool: every index visited once, for many region sizes") {
             for (std::int64_t i = b; i < e; ++i) ++hits[i];
         });
         for (int h : hits) CHECK(h == 1);
+        for (std::int64_t chunk : {1, 3, 64}) {
+            std::vector<std::atomic<int>> h2(static_cast<std::size_t>(n));
+            std::atomic<int> bad_thread{0};
+            be.run_chunks(n, chunk, [&](std::int64_t b, std::int64_t e, int t) {
+                if (t < 0 || t >= 3) ++bad_thread;
+                for (std::int64_t i = b; i < e; ++i) ++h2[i];
+            });
+            for (auto& h : h2) CHECK(h.load() == 1);
+            CHECK(bad_thread.load() == 0);
+        }
     }
+    // Many tiny regions back to back (the decode pattern) complete and do not lose wake-ups.
+    std::atomic<long> sum{0};
+    for (int rep = 0; rep < 20000; ++rep)
+        be.run_chunks(4, 1, [&](std::int64_t b, std::int64_t e, int) { sum += e - b; });
+    CHECK(sum.load() == 80000);
+}
+
+TEST_CASE("the CPU check accepts this machine (the build targets it)") {
+    CHECK(cd::missing_cpu_features().empty());
+    CHECK(std::string(backend::cpu::isa_name()).size() > 0);
 }

@@ -1,95 +1,170 @@
 #pragma once
 // A persistent pool: threads are created once per backend and woken for each parallel region,
-// so a decode step (hundreds of small matmuls) pays no thread creation.
+// so a decode step (a few hundred regions per token) pays no thread creation.
+//
+// Waiting: a worker spins on the job counter for a short while (spin_us, default 50 µs) before
+// it sleeps on a futex (std::atomic::wait), and the caller does the same for completion. Why:
+// on this 2-core machine a region of a decode step lasts 20–300 µs, so a sleeping worker would
+// pay a futex wake (~5–20 µs, measured) per region; spinning much longer than a region, though,
+// is what makes llama.cpp's default (poll 50) run 5–10× slower at -t 2 when another process
+// wants the core (tools/llama_peer/README.md) — our spin gives the core up after 50 µs.
+//
+// Work is handed out in chunks from an atomic counter (dynamic scheduling): when the other core
+// is taken by someone else's process, the thread that runs keeps taking chunks instead of the
+// whole region waiting for a fixed half. fn(begin, end, thread) may be called several times per
+// thread; `thread` (0 = the caller) indexes per-thread scratch.
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
+#include <chrono>
 #include <cstdint>
-#include <functional>
-#include <mutex>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CLOVER_CPU_PAUSE() _mm_pause()
+#else
+#define CLOVER_CPU_PAUSE() ((void)0)
+#endif
+
 namespace clover::backend::cpu_detail {
+
+// A non-owning callable reference: no allocation per region (std::function may allocate).
+class chunk_fn {
+public:
+    template <class F>
+    chunk_fn(F& f) : obj_(&f), call_([](void* o, std::int64_t b, std::int64_t e, int t) { (*static_cast<F*>(o))(b, e, t); }) {}
+    void operator()(std::int64_t b, std::int64_t e, int t) const { call_(obj_, b, e, t); }
+
+private:
+    void* obj_;
+    void (*call_)(void*, std::int64_t, std::int64_t, int);
+};
 
 class thread_pool {
 public:
     explicit thread_pool(int n_threads) : n_(std::max(1, n_threads)) {
+        if (const char* s = std::getenv("CLOVER_SPIN_US")) spin_us_ = std::max(0, std::atoi(s));
         for (int i = 1; i < n_; ++i) workers_.emplace_back([this, i] { worker(i); });
     }
     thread_pool(const thread_pool&) = delete;
     thread_pool& operator=(const thread_pool&) = delete;
     ~thread_pool() {
-        {
-            std::lock_guard lk(m_);
-            stop_ = true;
-            ++generation_;
-        }
-        cv_.notify_all();
+        stop_.store(true);
+        gen_.fetch_add(1);
+        gen_.notify_all();
         for (auto& t : workers_) t.join();
     }
     int size() const { return n_; }
 
-    // Runs fn(begin, end) over [0, n) split into contiguous chunks, one per thread; returns when
-    // all are done. Work smaller than `grain` items per thread runs on the caller alone.
-    void parallel_for(std::int64_t n, std::int64_t grain, const std::function<void(std::int64_t, std::int64_t)>& fn) {
+    // fn(b, e, thread) over [0, n) in chunks of `chunk` items (the last may be shorter), taken
+    // dynamically by up to `max_threads` threads (0: all). Returns when every chunk is done.
+    template <class F>
+    void run_chunks(std::int64_t n, std::int64_t chunk, F&& fn, int max_threads = 0) {
         if (n <= 0) return;
-        int nt = int(std::min<std::int64_t>(n_, std::max<std::int64_t>(1, n / std::max<std::int64_t>(1, grain))));
-        if (nt <= 1) { fn(0, n); return; }
-        {
-            std::lock_guard lk(m_);
-            job_ = &fn;
-            job_n_ = n;
-            job_threads_ = nt;
-            pending_ = nt - 1;
-            ++generation_;
+        chunk = std::max<std::int64_t>(1, chunk);
+        const std::int64_t n_chunks = (n + chunk - 1) / chunk;
+        int nt = int(std::min<std::int64_t>(max_threads > 0 ? std::min(max_threads, n_) : n_, n_chunks));
+        if (nt <= 1) {
+            fn(0, n, 0);
+            return;
         }
-        cv_.notify_all();
-        run_chunk(0, fn, n, nt);
-        std::unique_lock lk(m_);
-        done_cv_.wait(lk, [this] { return pending_ == 0; });
+        auto body = [&](std::int64_t b, std::int64_t e, int t) { fn(b, e, t); };
+        chunk_fn f(body);
+        job_ = &f;
+        job_n_ = n;
+        job_chunk_ = chunk;
+        job_threads_ = nt;
+        next_.store(0, std::memory_order_relaxed);
+        // Every worker checks in for every region (also those beyond nt): the job fields above are
+        // then never rewritten while a worker may still read them.
+        pending_.store(n_ - 1, std::memory_order_relaxed);
+        gen_.fetch_add(1, std::memory_order_seq_cst);
+        if (sleepers_.load(std::memory_order_seq_cst) > 0) gen_.notify_all();
+        take_chunks(f, 0);
+        // Wait for the helpers: spin briefly, then sleep on `pending_`.
+        wait_until([&] { return pending_.load(std::memory_order_acquire) == 0; },
+                   [&] {
+                       int p = pending_.load(std::memory_order_acquire);
+                       if (p != 0) pending_.wait(p, std::memory_order_acquire);
+                   });
         job_ = nullptr;
     }
 
-private:
-    static void run_chunk(int i, const std::function<void(std::int64_t, std::int64_t)>& fn, std::int64_t n, int nt) {
-        std::int64_t b = n * i / nt, e = n * (i + 1) / nt;
-        if (b < e) fn(b, e);
+    // The original contract: fn(begin, end) over [0, n) in contiguous pieces, one per thread,
+    // each at least `grain` items (less work runs on the caller alone).
+    template <class F>
+    void parallel_for(std::int64_t n, std::int64_t grain, F&& fn) {
+        if (n <= 0) return;
+        const int nt = int(std::min<std::int64_t>(n_, std::max<std::int64_t>(1, n / std::max<std::int64_t>(1, grain))));
+        run_chunks(nt, 1, [&](std::int64_t b, std::int64_t e, int) {
+            for (std::int64_t i = b; i < e; ++i) {
+                const std::int64_t lo = n * i / nt, hi = n * (i + 1) / nt;
+                if (lo < hi) fn(lo, hi);
+            }
+        }, nt);
     }
+
+private:
+    template <class Done, class Sleep>
+    void wait_until(Done done, Sleep sleep) {
+        if (done()) return;
+        if (spin_us_ > 0) {
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int k = 0;; ++k) {
+                for (int i = 0; i < 32; ++i) {
+                    if (done()) return;
+                    CLOVER_CPU_PAUSE();
+                }
+                if ((k & 7) == 7 && std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(spin_us_)) break;
+            }
+        }
+        while (!done()) sleep();
+    }
+
+    void take_chunks(const chunk_fn& f, int t) {
+        for (;;) {
+            const std::int64_t c = next_.fetch_add(1, std::memory_order_relaxed);
+            const std::int64_t b = c * job_chunk_;
+            if (b >= job_n_) return;
+            f(b, std::min(job_n_, b + job_chunk_), t);
+        }
+    }
+
     void worker(int i) {
         std::uint64_t seen = 0;
         for (;;) {
-            const std::function<void(std::int64_t, std::int64_t)>* job;
-            std::int64_t n;
-            int nt;
-            {
-                std::unique_lock lk(m_);
-                cv_.wait(lk, [&] { return generation_ != seen; });
-                seen = generation_;
-                if (stop_) return;
-                job = job_;
-                n = job_n_;
-                nt = job_threads_;
+            std::uint64_t g = gen_.load(std::memory_order_acquire);
+            if (g == seen) {
+                wait_until([&] { return (g = gen_.load(std::memory_order_acquire)) != seen; },
+                           [&] {
+                               // seq_cst pairs with the caller's gen_ increment then sleepers_
+                               // load: one of the two sides always sees the other (no lost wake).
+                               sleepers_.fetch_add(1, std::memory_order_seq_cst);
+                               gen_.wait(seen, std::memory_order_seq_cst);
+                               sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+                           });
             }
-            if (!job || i >= nt) continue;
-            run_chunk(i, *job, n, nt);
-            {
-                std::lock_guard lk(m_);
-                if (--pending_ == 0) done_cv_.notify_one();
-            }
+            seen = g;
+            if (stop_.load()) return;
+            const chunk_fn* job = job_;
+            if (job && i < job_threads_) take_chunks(*job, i);
+            if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
         }
     }
 
     int n_;
+    int spin_us_ = 50;
     std::vector<std::thread> workers_;
-    std::mutex m_;
-    std::condition_variable cv_, done_cv_;
-    std::uint64_t generation_ = 0;
-    bool stop_ = false;
-    const std::function<void(std::int64_t, std::int64_t)>* job_ = nullptr;
-    std::int64_t job_n_ = 0;
+    alignas(64) std::atomic<std::uint64_t> gen_{0};
+    alignas(64) std::atomic<std::int64_t> next_{0};
+    alignas(64) std::atomic<int> pending_{0};
+    std::atomic<int> sleepers_{0};
+    std::atomic<bool> stop_{false};
+    const chunk_fn* job_ = nullptr;
+    std::int64_t job_n_ = 0, job_chunk_ = 1;
     int job_threads_ = 0;
-    int pending_ = 0;
 };
 
 }  // namespace clover::backend::cpu_detail

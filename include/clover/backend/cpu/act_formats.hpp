@@ -1,0 +1,58 @@
+#pragma once
+// Activation rows as the SIMD kernels read them. The VALUES are exactly the ggml partner-type
+// rounding of quant/rows.hpp (so parity with llama.cpp is unchanged); only the layout differs, to
+// move per-block work out of the inner loops, where it would be repeated for every weight row:
+//   a8k_block  — one Q8_K block (256 int8, scale d) plus d·Σ of each 32-group (the Q4_K/Q5_K
+//                "min" term becomes one FMA per super-block) and the 16-group sums (Q6_K's −32
+//                offset becomes one integer multiply-add);
+//   a8_pair    — two Q8_0 blocks (64 int8) with their scales spread over 8 lanes each and the
+//                per-lane correction −16·Σq that lets VNNI multiply (w + 128) as unsigned bytes.
+#include <cstdint>
+
+#include "clover/quant/q8_0.hpp"
+#include "clover/quant/q8_k.hpp"
+
+namespace clover::backend::cpu_detail {
+
+struct alignas(64) a8k_block {
+    std::int8_t qs[256];
+    float dsum[8];           // d · Σ qs[32j .. 32j+31]
+    std::int16_t bsums[16];  // Σ qs[16j .. 16j+15]
+    float d;
+    std::uint8_t pad_[60];
+};
+static_assert(sizeof(a8k_block) == 384);
+
+inline void prep_a8k(const quant::block_q8_k& q, a8k_block& o) {
+    for (int i = 0; i < 256; ++i) o.qs[i] = q.qs[i];
+    for (int j = 0; j < 16; ++j) o.bsums[j] = q.bsums[j];
+    for (int j = 0; j < 8; ++j) o.dsum[j] = q.d * float(int(q.bsums[2 * j]) + int(q.bsums[2 * j + 1]));
+    o.d = q.d;
+}
+
+struct alignas(64) a8_pair {
+    std::int8_t qs[64];
+    float d[16];            // [d0 × 8 | d1 × 8]
+    std::int32_t corr[16];  // [−16·Σq0 × 8 | −16·Σq1 × 8]: 8 lanes sum to −128·Σq
+};
+static_assert(sizeof(a8_pair) == 192);
+
+// Blocks b0 and b1 (b1 may be null: a zero block) into one pair.
+inline void prep_a8_pair(const quant::block_q8_0* b0, const quant::block_q8_0* b1, a8_pair& o) {
+    const quant::block_q8_0* b[2] = {b0, b1};
+    for (int h = 0; h < 2; ++h) {
+        int s = 0;
+        for (int i = 0; i < 32; ++i) {
+            const std::int8_t v = b[h] ? b[h]->qs[i] : std::int8_t(0);
+            o.qs[32 * h + i] = v;
+            s += v;
+        }
+        const float d = b[h] ? quant::f16_to_f32(b[h]->d) : 0.f;
+        for (int i = 0; i < 8; ++i) {
+            o.d[8 * h + i] = d;
+            o.corr[8 * h + i] = -16 * s;
+        }
+    }
+}
+
+}  // namespace clover::backend::cpu_detail

@@ -1,0 +1,296 @@
+#pragma once
+// AVX-512 (BW/VL/DQ; VNNI where compiled for) tiles of the quantized products: R weight rows ×
+// C activation rows at a time, y[c·ldy + r] = dot(w_r, a_c). Each weight super-block is
+// unpacked once per tile and used for C activation rows; each activation load serves R rows.
+// Twins: quant::vec_dot_*_ref (tests/quant compares every (R, C) on odd sizes).
+//
+// Inner loops (per 64 values, per (r, c)):
+//   K-quants: vpmaddubsw (u8 weights × s8 activations → int16 pairs; no saturation since
+//             q ≤ 63) then vpdpwssd with the sub-block scales → int32; one float FMA per
+//             super-block. Q4_K/Q5_K mins: one FMA per super-block against the activation's
+//             d·Σ32 (act_formats.hpp); Q6_K's −32 offset: one vpdpwssd against the 16-sums.
+//   Q8_0:     vpdpbusd of (w + 128) as u8 × a, started from the per-lane correction −16·Σa, so
+//             the 8 lanes of a block sum to Σ w·a exactly; then cvt and one FMA with d_w·d_a.
+// Measured on the benchmark machine (Zen4, one thread, K = 2048, tiles 2×4): Q4_K 3.1×, Q8_0
+// 2.4× the AVX2 kernels of this project for prefill-shaped products; see README Performance.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "clover/backend/cpu/act_formats.hpp"
+#include "clover/backend/cpu/simd.hpp"
+#include "clover/quant/rows.hpp"
+
+#if CLOVER_CPU_AVX512
+#include <immintrin.h>
+
+namespace clover::backend::cpu_detail::k512 {
+
+// Σ(u8 × s8) over 4-byte groups into int32 lanes. u must be < 128 without VNNI (no saturation
+// of the int16 pair sums), which holds for every K-quant code.
+inline __m512i dot_u8s8(__m512i acc, __m512i u, __m512i s) {
+#if CLOVER_CPU_AVX512_VNNI
+    return _mm512_dpbusd_epi32(acc, u, s);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+}
+inline __m512i dot_i16(__m512i acc, __m512i a, __m512i b) {
+#if CLOVER_CPU_AVX512_VNNI
+    return _mm512_dpwssd_epi32(acc, a, b);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+inline float h2f(quant::f16_bits h) { return _cvtsh_ss(h); }
+
+// ---------------------------------------------------------------- Q8_0 × Q8_0 (a8_pair rows)
+
+template <int R, int C>
+void q8_0_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+               std::int64_t ldy) {
+    const std::int64_t nb = K / 32, np = (nb + 1) / 2;
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    const __m512i flip = _mm512_set1_epi8(char(0x80));
+    for (std::int64_t p = 0; p < np; ++p) {
+        const bool hi = 2 * p + 1 < nb;
+        __m512i wv[R];
+        __m512 dw[R];
+        for (int r = 0; r < R; ++r) {
+            const auto* blk = reinterpret_cast<const quant::block_q8_0*>(w + std::size_t(r) * ws) + 2 * p;
+            const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[0].qs));
+            const __m256i up = hi ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[1].qs)) : _mm256_setzero_si256();
+            wv[r] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), up, 1), flip);  // w + 128
+            dw[r] = _mm512_insertf32x8(_mm512_set1_ps(h2f(blk[0].d)), _mm256_set1_ps(hi ? h2f(blk[1].d) : 0.f), 1);
+        }
+        for (int c = 0; c < C; ++c) {
+            const auto& ap = reinterpret_cast<const a8_pair*>(a + std::size_t(c) * as)[p];
+            const __m512i av = _mm512_load_si512(ap.qs);
+            const __m512 da = _mm512_load_ps(ap.d);
+            const __m512i corr = _mm512_load_si512(ap.corr);
+            for (int r = 0; r < R; ++r) {
+#if CLOVER_CPU_AVX512_VNNI
+                const __m512i dot = _mm512_dpbusd_epi32(corr, wv[r], av);
+#else
+                // (w + 128) reaches 255: without VNNI use |w| × sign-moved a (no int16 overflow).
+                const __m512i ws8 = _mm512_xor_si512(wv[r], flip);
+                const __m512i aw = _mm512_mask_sub_epi8(av, _mm512_movepi8_mask(ws8), _mm512_setzero_si512(), av);
+                const __m512i dot = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(ws8), aw), _mm512_set1_epi16(1));
+                (void)corr;
+#endif
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[r], da), acc[r][c]);
+            }
+        }
+    }
+    for (int c = 0; c < C; ++c)
+        for (int r = 0; r < R; ++r) y[c * ldy + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+// ---------------------------------------------------------------- K-quants × Q8_K (a8k_block rows)
+
+// The 8 (scale, min) pairs of a Q4_K/Q5_K field as two 64-bit words of bytes.
+inline void k4_scales(const std::uint8_t* b, std::uint64_t& sc, std::uint64_t& mn) {
+    std::uint32_t w0, w1, w2;
+    std::memcpy(&w0, b, 4);
+    std::memcpy(&w1, b + 4, 4);
+    std::memcpy(&w2, b + 8, 4);
+    const std::uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    const std::uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
+    const std::uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
+    sc = std::uint64_t(sc_lo) | (std::uint64_t(sc_hi) << 32);
+    mn = std::uint64_t(m_lo) | (std::uint64_t(m_hi) << 32);
+}
+
+// Scale vectors for the 4 pairs of sub-blocks: int16 lanes 0–15 = sc[2p], 16–31 = sc[2p+1].
+inline void k4_scale_vectors(std::uint64_t sc, __m512i* sv) {
+    const __m512i w8 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(std::int64_t(sc))));
+    for (int p = 0; p < 4; ++p) {
+        // bytes of words 2p (lanes 0–1 of 128 bits) and 2p+1 (lanes 2–3), repeated
+        const char a0 = char(4 * p), a1 = char(4 * p + 1), b0 = char(4 * p + 2), b1 = char(4 * p + 3);
+        const __m512i ctl = _mm512_set_epi8(b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0,
+                                             b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0,
+                                             a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0,
+                                             a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0);
+        sv[p] = _mm512_shuffle_epi8(w8, ctl);
+    }
+}
+
+// dmin · m[0..7] as 8 floats (zero-extended to 16 lanes).
+inline __m512 k4_mins(std::uint64_t mn, float dmin) {
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(std::int64_t(mn))));
+    return _mm512_zextps256_ps512(_mm256_mul_ps(m, _mm256_set1_ps(dmin)));
+}
+
+// 64 codes of pair p from 32 bytes of nibbles: low nibbles → values 0–31, high → 32–63.
+inline __m512i k4_nibbles(const std::uint8_t* q32) {
+    const __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q32)));
+    const __m512i sh = _mm512_set_epi64(0x0004000400040004ll, 0x0004000400040004ll, 0x0004000400040004ll, 0x0004000400040004ll,
+                                        0, 0, 0, 0);
+    return _mm512_and_si512(_mm512_srlv_epi16(b, sh), _mm512_set1_epi8(0x0f));
+}
+
+// Shared body of Q4_K and Q5_K: Block is block_q4_k or block_q5_k.
+template <class Block, bool Five, int R, int C>
+void k4_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+             std::int64_t ldy) {
+    const std::int64_t nsb = K / 256;
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (std::int64_t b = 0; b < nsb; ++b) {
+        const Block* blk[R];
+        __m512i sv[R][4];
+        __m512 mv[R];
+        float d[R];
+        for (int r = 0; r < R; ++r) {
+            blk[r] = reinterpret_cast<const Block*>(w + std::size_t(r) * ws) + b;
+            std::uint64_t sc, mn;
+            k4_scales(blk[r]->scales, sc, mn);
+            k4_scale_vectors(sc, sv[r]);
+            mv[r] = k4_mins(mn, h2f(blk[r]->dmin));
+            d[r] = h2f(blk[r]->d);
+        }
+        __m512i isum[R][C];
+        for (int p = 0; p < 4; ++p) {
+            __m512i wv[R];
+            for (int r = 0; r < R; ++r) {
+                wv[r] = k4_nibbles(blk[r]->qs + 32 * p);
+                if constexpr (Five) {
+                    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r]->qh)));
+                    const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(char(1 << (2 * p))), _mm256_set1_epi8(char(1 << (2 * p + 1))), 1);
+                    wv[r] = _mm512_mask_add_epi8(wv[r], _mm512_test_epi8_mask(qh, bit), wv[r], _mm512_set1_epi8(16));
+                }
+            }
+            for (int c = 0; c < C; ++c) {
+                const auto& ab = reinterpret_cast<const a8k_block*>(a + std::size_t(c) * as)[b];
+                const __m512i av = _mm512_load_si512(ab.qs + 64 * p);
+                for (int r = 0; r < R; ++r) {
+                    const __m512i prod = _mm512_maddubs_epi16(wv[r], av);
+                    isum[r][c] = p == 0 ? _mm512_madd_epi16(prod, sv[r][p]) : dot_i16(isum[r][c], prod, sv[r][p]);
+                }
+            }
+        }
+        for (int c = 0; c < C; ++c) {
+            const auto& ab = reinterpret_cast<const a8k_block*>(a + std::size_t(c) * as)[b];
+            const __m512 da = _mm512_set1_ps(ab.d);
+            const __m512 ds = _mm512_zextps256_ps512(_mm256_load_ps(ab.dsum));
+            for (int r = 0; r < R; ++r) {
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][c]), _mm512_mul_ps(_mm512_set1_ps(d[r]), da), acc[r][c]);
+                acc[r][c] = _mm512_fnmadd_ps(mv[r], ds, acc[r][c]);
+            }
+        }
+    }
+    for (int c = 0; c < C; ++c)
+        for (int r = 0; r < R; ++r) y[c * ldy + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+template <int R, int C>
+void q4_k_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy) {
+    k4_tile<quant::block_q4_k, false, R, C>(w, ws, a, as, K, y, ldy);
+}
+template <int R, int C>
+void q5_k_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy) {
+    k4_tile<quant::block_q5_k, true, R, C>(w, ws, a, as, K, y, ldy);
+}
+
+// Q6_K: 4 groups of 64 values per super-block; group g = half g/2, nibble g%2.
+template <int R, int C>
+void q6_k_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+               std::int64_t ldy) {
+    const std::int64_t nsb = K / 256;
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    // qh shifts per group (16-bit lanes; low 256 bits | high 256 bits): bits 0–1 | 2–3 → 4–5
+    // (left 4 | 2), bits 4–5 | 6–7 → 4–5 (right 0 | 2).
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    for (std::int64_t b = 0; b < nsb; ++b) {
+        const quant::block_q6_k* blk[R];
+        __m512i sv[R][4], off[R];
+        float d[R];
+        for (int r = 0; r < R; ++r) {
+            blk[r] = reinterpret_cast<const quant::block_q6_k*>(w + std::size_t(r) * ws) + b;
+            const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[r]->scales)));
+            const __m512i s = _mm512_zextsi256_si512(s16);
+            for (int g = 0; g < 4; ++g) {
+                // lanes 8i..8i+7 ← scale 4g + i
+                const __m512i idx = _mm512_add_epi16(_mm512_set1_epi16(short(4 * g)),
+                                                     _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                                                                        15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3));
+                sv[r][g] = _mm512_permutexvar_epi16(idx, s);
+            }
+            off[r] = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 5)));  // −32·sc
+            d[r] = h2f(blk[r]->d);
+        }
+        __m512i isum[R][C];
+        for (int c = 0; c < C; ++c) {
+            const auto& ab = reinterpret_cast<const a8k_block*>(a + std::size_t(c) * as)[b];
+            const __m512i bs = _mm512_zextsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(ab.bsums)));
+            for (int r = 0; r < R; ++r) isum[r][c] = _mm512_madd_epi16(off[r], bs);
+        }
+        for (int g = 0; g < 4; ++g) {
+            const int h = g / 2;
+            __m512i wv[R];
+            for (int r = 0; r < R; ++r) {
+                const __m512i ql = _mm512_loadu_si512(blk[r]->ql + 64 * h);
+                const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r]->qh + 32 * h)));
+                const __m512i lo = (g & 1) ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4) : _mm512_and_si512(ql, m4);
+                const __m512i hb = (g & 1) ? _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30)
+                                           : _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
+                wv[r] = _mm512_or_si512(lo, hb);
+            }
+            for (int c = 0; c < C; ++c) {
+                const auto& ab = reinterpret_cast<const a8k_block*>(a + std::size_t(c) * as)[b];
+                const __m512i av = _mm512_load_si512(ab.qs + 64 * g);
+                for (int r = 0; r < R; ++r) isum[r][c] = dot_i16(isum[r][c], _mm512_maddubs_epi16(wv[r], av), sv[r][g]);
+            }
+        }
+        for (int c = 0; c < C; ++c) {
+            const float da = reinterpret_cast<const a8k_block*>(a + std::size_t(c) * as)[b].d;
+            for (int r = 0; r < R; ++r)
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][c]), _mm512_set1_ps(d[r] * da), acc[r][c]);
+        }
+    }
+    for (int c = 0; c < C; ++c)
+        for (int r = 0; r < R; ++r) y[c * ldy + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+// ---------------------------------------------------------------- BF16 × BF16 (vdpbf16ps)
+#if CLOVER_CPU_AVX512_BF16
+// Activation rows: bf16 values (ggml's rounding), zero-padded to a multiple of 32.
+template <int R, int C>
+void bf16_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+               std::int64_t ldy) {
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    std::int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m512i wv[R];
+        for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(reinterpret_cast<const quant::bf16_bits*>(w + std::size_t(r) * ws) + k);
+        for (int c = 0; c < C; ++c) {
+            const __m512i av = _mm512_loadu_si512(reinterpret_cast<const quant::bf16_bits*>(a + std::size_t(c) * as) + k);
+            for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)wv[r], (__m512bh)av);
+        }
+    }
+    if (k < K) {  // tail: the activation is zero-padded; mask the weight loads
+        const __mmask32 m = __mmask32((1ull << (K - k)) - 1);
+        __m512i wv[R];
+        for (int r = 0; r < R; ++r)
+            wv[r] = _mm512_maskz_loadu_epi16(m, reinterpret_cast<const quant::bf16_bits*>(w + std::size_t(r) * ws) + k);
+        for (int c = 0; c < C; ++c) {
+            const __m512i av = _mm512_loadu_si512(reinterpret_cast<const quant::bf16_bits*>(a + std::size_t(c) * as) + k);
+            for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)wv[r], (__m512bh)av);
+        }
+    }
+    for (int c = 0; c < C; ++c)
+        for (int r = 0; r < R; ++r) y[c * ldy + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+#endif
+
+}  // namespace clover::backend::cpu_detail::k512
+#endif
