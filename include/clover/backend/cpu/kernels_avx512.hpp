@@ -11,8 +11,8 @@
 //             d·Σ32 (act_formats.hpp); Q6_K's −32 offset: one vpdpwssd against the 16-sums.
 //   Q8_0:     vpdpbusd of (w + 128) as u8 × a, started from the per-lane correction −16·Σa, so
 //             the 8 lanes of a block sum to Σ w·a exactly; then cvt and one FMA with d_w·d_a.
-// Measured on the benchmark machine (Zen4, one thread, K = 2048, tiles 2×4): Q4_K 3.1×, Q8_0
-// 2.4× the AVX2 kernels of this project for prefill-shaped products; see README Performance.
+// Measured (benchmarks/bench_kernels, Zen4, one thread, K = 2048, 64 activation rows, CPU time):
+// Q4_K 113 GMAC/s vs 35 for the AVX2 tiles (3.2×), Q8_0 81 vs 41 (2.0×); README Performance.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

@@ -6,8 +6,8 @@
 // parallel region.
 //
 // Tiles: products with one activation row (decode) use R = 4 weight rows per tile (each
-// activation load serves 4 rows; measured +12% over R = 1 on Q4_K GEMV); prefill uses
-// R = 2 × C = 4 (each unpacked weight super-block serves 4 tokens, 24 of 32 vector registers).
+// activation load serves 4 rows); prefill uses R = 2 × C = 4 (each unpacked weight super-block
+// serves 4 tokens; 24 of the 32 vector registers hold accumulators and operands).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
