@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -88,9 +89,39 @@ struct gguf_tensor {
 
 class gguf_file {
 public:
-    explicit gguf_file(const std::filesystem::path& path) : map_(path) { parse(); }
+    explicit gguf_file(const std::filesystem::path& path) : map_(path) {
+        path_ = map_.path();
+        parse();
+    }
 
-    const std::string& path() const { return map_.path(); }
+    // A virtual file assembled in memory (an HF folder, a file with vendor variants fixed in
+    // memory): metadata as given, tensors whose `data` points at bytes that `keep_alive` owns
+    // (mapped shards, converted buffers). `path` names it in messages. The same checks as for a
+    // parsed file apply: unique keys and names, known types, whole blocks, sizes that match.
+    gguf_file(std::string path, std::vector<std::pair<std::string, gguf_value>> kv, std::vector<gguf_tensor> tensors,
+              std::shared_ptr<const void> keep_alive)
+        : path_(std::move(path)), version_(3), kv_(std::move(kv)), tensors_(std::move(tensors)), keep_(std::move(keep_alive)),
+          virtual_(true) {
+        for (std::size_t i = 0; i < kv_.size(); ++i)
+            if (!kv_index_.emplace(kv_[i].first, i).second) fail(path_, ": duplicate metadata key '", kv_[i].first, "'");
+        if (const gguf_value* a = find("general.alignment"); a && a->type == gguf_type::u32 && a->i > 0) alignment_ = std::size_t(a->i);
+        for (std::size_t i = 0; i < tensors_.size(); ++i) {
+            gguf_tensor& t = tensors_[i];
+            if (!tensor_index_.emplace(t.name, i).second) fail(path_, ": duplicate tensor '", t.name, "'");
+            auto tr = traits_of(t.type);
+            if (!tr) fail(path_, ": tensor '", t.name, "': unknown tensor type ", std::uint32_t(t.type));
+            if (t.n_dims < 1 || t.n_dims > 4) fail(path_, ": tensor '", t.name, "': ", t.n_dims, " dimensions (1..4 allowed)");
+            for (int d = 0; d < 4; ++d)
+                if (t.ne[d] < 1 || (d >= t.n_dims && t.ne[d] != 1)) fail(path_, ": tensor '", t.name, "': bad shape ", t.shape_string());
+            if (t.ne[0] % tr->block != 0) fail(path_, ": tensor '", t.name, "': row is not a whole number of ", tr->name, " blocks");
+            const std::size_t bytes = t.row_bytes() * std::size_t(t.nrows());
+            if (t.nbytes == 0) t.nbytes = bytes;
+            if (t.nbytes != bytes || !t.data) fail(path_, ": tensor '", t.name, "': no data or ", t.nbytes, " bytes for ", bytes);
+        }
+    }
+
+    const std::string& path() const { return path_; }
+    bool is_virtual() const { return virtual_; }
     std::uint32_t version() const { return version_; }
     std::size_t alignment() const { return alignment_; }
     std::size_t data_offset() const { return data_offset_; }
@@ -327,7 +358,8 @@ private:
         }
     }
 
-    mapped_file map_;
+    mapped_file map_;  // empty for a virtual file
+    std::string path_;
     std::uint32_t version_ = 0;
     std::size_t alignment_ = 32;
     std::size_t data_offset_ = 0;
@@ -335,6 +367,8 @@ private:
     std::map<std::string, std::size_t, std::less<>> kv_index_;
     std::vector<gguf_tensor> tensors_;
     std::map<std::string, std::size_t, std::less<>> tensor_index_;
+    std::shared_ptr<const void> keep_;  // virtual files: what owns the tensor bytes
+    bool virtual_ = false;
 };
 
 }  // namespace clover::io

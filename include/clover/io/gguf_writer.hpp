@@ -68,33 +68,45 @@ public:
         });
     }
     const std::vector<gguf_tensor>& tensors() const { return tensors_; }
+    const std::vector<std::pair<std::string, gguf_value>>& metadata() const { return kv_; }
+
+    // The bytes before the data section, as write() lays them out: magic, counts, metadata,
+    // tensor records, zero padding to the alignment. Tensor i's data then starts at
+    // header().size() + tensors()[i].offset. For callers that place tensor bytes themselves
+    // (`gguf patch` copies them with copy_file_range).
+    std::vector<std::byte> header() {
+        set_u32("general.alignment", std::uint32_t(alignment_));
+        std::vector<std::byte> head;
+        put(head, "GGUF", 4);
+        put_t<std::uint32_t>(head, 3);
+        put_t<std::uint64_t>(head, tensors_.size());
+        put_t<std::uint64_t>(head, kv_.size());
+        for (auto& [k, v] : kv_) {
+            put_str(head, k);
+            put_t<std::uint32_t>(head, std::uint32_t(v.type));
+            put_value(head, v);
+        }
+        for (auto& t : tensors_) {
+            put_str(head, t.name);
+            put_t<std::uint32_t>(head, std::uint32_t(t.n_dims));
+            for (int d = 0; d < t.n_dims; ++d) put_t<std::uint64_t>(head, std::uint64_t(t.ne[d]));
+            put_t<std::uint32_t>(head, std::uint32_t(t.type));
+            put_t<std::uint64_t>(head, t.offset);
+        }
+        head.resize((head.size() + alignment_ - 1) / alignment_ * alignment_);
+        return head;
+    }
+    // Bytes of the data section (every tensor padded to the alignment).
+    std::uint64_t data_size() const { return next_offset_; }
 
     // progress(i, n) is called after each tensor.
     void write(const std::filesystem::path& out, const std::function<void(std::size_t, std::size_t)>& progress = {}) {
-        set_u32("general.alignment", std::uint32_t(alignment_));
         std::filesystem::path tmp = out;
         tmp += ".partial";
         std::FILE* f = std::fopen(tmp.c_str(), "wb");
         if (!f) fail(out.string(), ": cannot create file");
         try {
-            std::vector<std::byte> head;
-            put(head, "GGUF", 4);
-            put_t<std::uint32_t>(head, 3);
-            put_t<std::uint64_t>(head, tensors_.size());
-            put_t<std::uint64_t>(head, kv_.size());
-            for (auto& [k, v] : kv_) {
-                put_str(head, k);
-                put_t<std::uint32_t>(head, std::uint32_t(v.type));
-                put_value(head, v);
-            }
-            for (auto& t : tensors_) {
-                put_str(head, t.name);
-                put_t<std::uint32_t>(head, std::uint32_t(t.n_dims));
-                for (int d = 0; d < t.n_dims; ++d) put_t<std::uint64_t>(head, std::uint64_t(t.ne[d]));
-                put_t<std::uint32_t>(head, std::uint32_t(t.type));
-                put_t<std::uint64_t>(head, t.offset);
-            }
-            head.resize((head.size() + alignment_ - 1) / alignment_ * alignment_);
+            const std::vector<std::byte> head = header();
             write_all(f, head.data(), head.size(), out);
             std::vector<std::byte> buf;
             for (std::size_t i = 0; i < tensors_.size(); ++i) {
