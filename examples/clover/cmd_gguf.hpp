@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <clover/model/synth.hpp>
 
+#include "cmd_convert.hpp"
 #include "common.hpp"
 
 namespace clover::cli {
@@ -30,7 +31,7 @@ inline std::string value_summary(const io::gguf_value& v) {
 }
 
 inline void gguf_info(const std::string& path) {
-    auto f = load(path);
+    auto f = std::filesystem::is_directory(path) ? load_hf(path, &warn) : load(path);
     std::printf("file: %s\nGGUF version %u, %zu metadata keys, %zu tensors, alignment %zu\n\n", path.c_str(), f->version(),
                 f->metadata().size(), f->tensors().size(), f->alignment());
     std::printf("metadata:\n");
@@ -42,7 +43,9 @@ inline void gguf_info(const std::string& path) {
                     t.shape_string().c_str(), t.nbytes);
         total += t.nbytes;
     }
-    std::printf("  total %.3f GiB\n\n", double(total) / (1024.0 * 1024 * 1024));
+    std::printf("  total %.3f GiB\n", double(total) / (1024.0 * 1024 * 1024));
+    print_variant_report(*f);
+    std::printf("\n");
     // What can it run? Binding the weights checks every shape.
     try {
         hparams h = read_hparams(*f, &warn);
@@ -68,9 +71,10 @@ inline void add_gguf_commands(CLI::App& app) {
     {
         auto* c = g->add_subcommand("info", "Architecture, hyper-parameters, tensors and capabilities of a file");
         auto path = std::make_shared<std::string>();
-        c->add_option("file", *path, "GGUF file")->required();
+        c->add_option("file", *path, "GGUF file or HF model folder")->required();
         c->callback([path] { gguf_info(*path); });
     }
+    add_patch_command(g);
     {
         auto* c = g->add_subcommand("synth", "Write a random-weight model of real shapes");
         struct opts {

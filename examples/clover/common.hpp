@@ -7,6 +7,8 @@
 #include <vector>
 
 #include <clover/clover.hpp>
+#include <clover/io/hf_model.hpp>
+#include <clover/model/file_variants.hpp>
 
 namespace clover::cli {
 
@@ -53,8 +55,14 @@ inline std::string join_ids(const std::vector<token>& ids) {
 
 using runtime_model = model<variants::from_file, backend::cpu>;
 
+// A GGUF file (known vendor variants made canonical in memory, with a warning) or an HF folder.
+inline std::shared_ptr<const io::gguf_file> open_weights(const std::string& path) {
+    if (std::filesystem::is_directory(path)) return load_hf(path, &warn);
+    return load_canonical(path, {.warn = &warn});
+}
+
 inline std::unique_ptr<runtime_model> open_model(const std::string& path, int threads) {
-    return std::make_unique<runtime_model>(load(path), backend::cpu_options{threads}, &warn);
+    return std::make_unique<runtime_model>(open_weights(path), backend::cpu_options{threads}, &warn);
 }
 
 }  // namespace clover::cli

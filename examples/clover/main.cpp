@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cmd_convert.hpp"
 #include "cmd_gguf.hpp"
 #include "cmd_model.hpp"
 
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
     app.require_subcommand(1);
     clover::cli::add_model_commands(app);
     clover::cli::add_gguf_commands(app);
+    clover::cli::add_convert_commands(app);
     try {
         std::string names;
         bool known = false;

@@ -501,3 +501,46 @@ TEST_CASE("malformed folders: missing shard or tensor, wrong dtype or shape, bad
         CHECK(f->n_skipped >= 3);  // mtp.* and the vision tensor
     }
 }
+
+TEST_CASE("the clover command: -m FOLDER, convert, gguf info and patch") {
+    const std::string bin = std::string(CLOVER_BINARY_DIR) + "/clover";
+    if (!fs::exists(bin)) {
+        MESSAGE("build/clover not built: skipping the command-line checks");
+        return;
+    }
+    auto run = [&](const std::string& args, std::string* out = nullptr) {
+        const std::string log = testutil::tmp("cli_hf.log");
+        const int rc = std::system((bin + " " + args + " > " + log + " 2>&1").c_str());
+        if (out) *out = slurp(log);
+        return WEXITSTATUS(rc);
+    };
+    const auto gguf = testutil::synth_file("hf_clover_moe.gguf", hf_odd("clover_moe"));
+    const fs::path dir = testutil::tmp("hf_cli");
+    hftest::make_hf_folder(gguf, dir);
+    const auto out = testutil::tmp("hf_cli.gguf");
+    std::string text;
+    CHECK(run("convert " + dir.string() + " -o " + out + " --type f32", &text) == 0);
+    CHECK(text.find("convert:") != std::string::npos);
+    CHECK(run("gguf info " + out, &text) == 0);
+    CHECK(text.find("variant: canonical") != std::string::npos);
+    CHECK(text.find("V heads: tiled (canonical), as the file states") != std::string::npos);
+    CHECK(run("gguf info " + dir.string(), &text) == 0);
+    CHECK(text.find("grouped") != std::string::npos);
+    // logits from the folder equal logits from the GGUF
+    const auto a = testutil::tmp("hf_cli_a.f32"), b = testutil::tmp("hf_cli_b.f32");
+    CHECK(run("logits -m " + dir.string() + " --ids 1,2,3,250 -o " + a) == 0);
+    CHECK(run("logits -m " + gguf + " --ids 1,2,3,250 -o " + b) == 0);
+    const std::string la = slurp(a), lb = slurp(b);
+    REQUIRE(la.size() == lb.size());
+    REQUIRE(la.size() == 4 * 300 * 4);
+    std::vector<float> fa(la.size() / 4), fb(lb.size() / 4);
+    std::memcpy(fa.data(), la.data(), la.size());
+    std::memcpy(fb.data(), lb.data(), lb.size());
+    CHECK(rel_diff(fa, fb) < 1e-5f);
+    // Errors: one line, non-zero status.
+    CHECK(run("convert " + testutil::tmp("nowhere") + " -o " + testutil::tmp("x.gguf"), &text) == 1);
+    CHECK(text.find("error: ") == 0);
+    CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+    CHECK(run("convert " + dir.string() + " -o " + testutil::tmp("x.gguf") + " --type q2", &text) != 0);
+    CHECK(run("gguf patch " + out + " " + testutil::tmp("y.gguf") + " --v-heads sideways", &text) != 0);
+}
