@@ -1,0 +1,92 @@
+#pragma once
+// Attention over the KV cache (layers/gated_attention.hpp is the CPU twin). One block per
+// (query row, query head); its warps split the keys and each keeps an online softmax (running
+// max, denominator and weighted value sum), merged across warps at the end — so any context
+// length runs in fixed shared memory, in one pass over K and V.
+//   causal (commit/verify): row t attends cache keys [0, pos0 + t] (its own row already written)
+//   preview: every row attends cache keys [0, p) and all B fresh block rows (no mask in the block)
+// GQA: query head h reads KV head h / (H / Hkv).
+#include <cstdint>
+
+#include "clover/backend/cuda/runtime.cuh"
+
+namespace clover::backend::cuda_detail {
+
+inline constexpr int attn_warps = 4;
+inline constexpr int attn_max_dims_per_lane = 16;  // head_dim <= 512
+
+struct attn_args {
+    const float* q;        // [n, H, hd]
+    float* out;            // [n, H, hd]
+    const float* ka;       // span a (the cache): row j at ka + j * stride_a + kvh * hd
+    const float* va;
+    std::int64_t stride_a;
+    std::int64_t na0;      // span a length for row 0
+    bool causal;           // span a length for row t is na0 + t (else na0 for all rows)
+    const float* kb = nullptr;  // span b (preview block rows), length nb, same layout
+    const float* vb = nullptr;
+    std::int64_t stride_b = 0, nb = 0;
+    std::int64_t H, Hkv, hd;
+    float scale;
+};
+
+static __global__ void __launch_bounds__(attn_warps * 32) attention_kernel(attn_args a) {
+    const std::int64_t t = blockIdx.x / a.H, h = blockIdx.x % a.H, kvh = h / (a.H / a.Hkv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const float* q = a.q + (t * a.H + h) * a.hd;
+    const int per_lane = int((a.hd + 31) / 32);
+    float qr[attn_max_dims_per_lane], acc[attn_max_dims_per_lane];
+    for (int d = 0; d < attn_max_dims_per_lane; ++d) {
+        const std::int64_t i = lane + 32 * d;
+        qr[d] = d < per_lane && i < a.hd ? q[i] : 0.f;
+        acc[d] = 0.f;
+    }
+    const std::int64_t na = a.causal ? a.na0 + t : a.na0, n = na + a.nb;
+    float m = -INFINITY, l = 0.f;
+    for (std::int64_t j = warp; j < n; j += attn_warps) {
+        const float* kj = j < na ? a.ka + j * a.stride_a + kvh * a.hd : a.kb + (j - na) * a.stride_b + kvh * a.hd;
+        const float* vj = j < na ? a.va + j * a.stride_a + kvh * a.hd : a.vb + (j - na) * a.stride_b + kvh * a.hd;
+        float s = 0.f;
+        for (int d = 0; d < per_lane; ++d) {
+            const std::int64_t i = lane + 32 * d;
+            if (i < a.hd) s += qr[d] * kj[i];
+        }
+        s = warp_sum(s) * a.scale;
+        const float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
+        l = l * corr + p;
+        for (int d = 0; d < per_lane; ++d) {
+            const std::int64_t i = lane + 32 * d;
+            acc[d] = acc[d] * corr + (i < a.hd ? p * vj[i] : 0.f);
+        }
+        m = mn;
+    }
+    // Merge the warps' partial softmaxes.
+    __shared__ float sm[attn_warps], sl[attn_warps];
+    __shared__ float sacc[attn_warps][attn_max_dims_per_lane * 32];
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+    for (int d = 0; d < per_lane; ++d) sacc[warp][lane + 32 * d] = acc[d];
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < attn_warps; ++w) M = fmaxf(M, sm[w]);
+    float Lsum = 0.f;
+    for (int w = 0; w < attn_warps; ++w) Lsum += sm[w] == -INFINITY ? 0.f : sl[w] * expf(sm[w] - M);
+    float* out = a.out + (t * a.H + h) * a.hd;
+    for (std::int64_t i = threadIdx.x; i < a.hd; i += blockDim.x) {
+        float v = 0.f;
+        for (int w = 0; w < attn_warps; ++w)
+            if (sm[w] != -INFINITY) v += sacc[w][i] * expf(sm[w] - M);
+        out[i] = v / Lsum;
+    }
+}
+
+inline void attention(const attn_args& a, std::int64_t n_rows, cudaStream_t s) {
+    if (n_rows <= 0) return;
+    if (a.hd > 32 * attn_max_dims_per_lane) fail("cuda attention: head_dim ", a.hd, " exceeds ", 32 * attn_max_dims_per_lane);
+    attention_kernel<<<unsigned(n_rows * a.H), attn_warps * 32, 0, s>>>(a);
+    check_launch("attention");
+}
+
+}  // namespace clover::backend::cuda_detail

@@ -1,0 +1,309 @@
+#pragma once
+// Matrix products on the device for every weight format the CPU backend computes with (F32, F16,
+// BF16, Q8_0, Q4_K, Q5_K, Q6_K), with the CPU backend's activation semantics (quant/rows.hpp):
+// each activation row is first rounded to the weight's partner type (F16, BF16, Q8_0, or Q8_K for
+// the K-quants) by the same rules, bit for bit, and the dot product runs on that representation.
+// So CUDA and CPU differ only by the order of float additions.
+//
+// Row-exactness: one warp computes one output element per activation row; lanes walk the row's
+// "items" (an element, a Q8_0 block, a K-quant sub-block) in a fixed stride and a fixed butterfly
+// tree finishes the sum. Nothing depends on how many rows a launch covers, so a row computed in
+// a 32-row verify pass equals the same row computed alone (what exact_rows_scope asks for on CPU).
+//
+// One kernel serves dense products and the expert-grouped products of MoE (moe.cuh): work comes
+// in tiles of up to R rows that share one weight matrix; the weight item is decoded once into
+// registers and used for all R rows (R-fold fewer weight reads, which dominate a GEMV).
+#include <cstddef>
+#include <cstdint>
+
+#include "clover/backend/cuda/runtime.cuh"
+#include "clover/core/dtype.hpp"
+#include "clover/quant/rows.hpp"
+
+namespace clover::backend::cuda_detail {
+
+inline constexpr int mm_rows = 4;           // R: activation rows per tile
+inline constexpr int mm_warps = 8;          // output features per CUDA block (one per warp)
+inline constexpr std::size_t q8_0_bytes = 34, q8_k_bytes = 292;
+
+// ---- activation quantization ------------------------------------------------------------------
+
+static __global__ void act_to_half(const float* x, std::uint16_t* y, std::int64_t n, bool bf16) {
+    const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = bf16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+}
+
+// One warp per block of 32: quant::quantize_row_q8_0 exactly (d = amax/127 stored as f16,
+// q = rne(x · 127/amax)). IEEE division and multiplication give the CPU's bits.
+static __global__ void act_to_q8_0(const float* x, std::uint8_t* y, std::int64_t n_blocks) {
+    const std::int64_t b = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (b >= n_blocks) return;
+    const float v = x[b * 32 + lane];
+    const float amax = warp_max(fabsf(v));
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
+    std::uint8_t* blk = y + b * q8_0_bytes;
+    if (lane == 0) {
+        const std::uint16_t d = f32_to_f16(amax / 127.f);
+        blk[0] = std::uint8_t(d & 0xff);
+        blk[1] = std::uint8_t(d >> 8);
+    }
+    blk[2 + lane] = std::uint8_t(std::int8_t(__float2int_rn(v * id)));
+}
+
+// One warp per super-block of 256 (lane l holds elements 8l..8l+7): quant::quantize_row_q8_k
+// exactly — the element of largest magnitude (first on ties) maps to -127, bsums per 16.
+static __global__ void act_to_q8_k(const float* x, std::uint8_t* y, std::int64_t n_blocks) {
+    const std::int64_t b = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (b >= n_blocks) return;
+    const float* xb = x + b * 256 + lane * 8;
+    float v[8], amax = 0.f, mx = 0.f;
+    int idx = 1 << 30;
+    for (int i = 0; i < 8; ++i) {
+        v[i] = xb[i];
+        if (fabsf(v[i]) > amax) { amax = fabsf(v[i]); mx = v[i]; idx = lane * 8 + i; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {  // larger magnitude wins; ties: lower index (the first)
+        const float oa = __shfl_xor_sync(0xffffffffu, amax, o), om = __shfl_xor_sync(0xffffffffu, mx, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (oa > amax || (oa == amax && oi < idx)) { amax = oa; mx = om; idx = oi; }
+    }
+    std::uint8_t* blk = y + b * q8_k_bytes;
+    auto* qs = reinterpret_cast<std::int8_t*>(blk + 4);
+    auto* bsums = reinterpret_cast<std::int16_t*>(blk + 260);
+    if (amax == 0.f) {
+        for (int i = 0; i < 8; ++i) qs[lane * 8 + i] = 0;
+        if (lane < 16) bsums[lane] = 0;
+        if (lane == 0) *reinterpret_cast<float*>(blk) = 0.f;
+        return;
+    }
+    const float iscale = -127.f / mx;
+    int s = 0;
+    for (int i = 0; i < 8; ++i) {
+        const int q = min(127, __float2int_rn(iscale * v[i]));
+        qs[lane * 8 + i] = std::int8_t(q);
+        s += q;
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);  // lanes 2g, 2g+1 hold group g of 16
+    if (lane % 2 == 0) bsums[lane / 2] = std::int16_t(s);
+    if (lane == 0) *reinterpret_cast<float*>(blk) = 1.f / iscale;
+}
+
+// Converts rows x [n, K] to the activation type `at` in y (row stride quant::row_bytes(at, K)).
+// For F32 nothing is done: the caller reads x itself.
+inline void quantize_activations(dtype at, const float* x, void* y, std::int64_t n, std::int64_t K, cudaStream_t s) {
+    const std::int64_t total = n * K;
+    switch (at) {
+        case dtype::f32: return;
+        case dtype::f16:
+        case dtype::bf16:
+            act_to_half<<<blocks_for(total, 256), 256, 0, s>>>(x, static_cast<std::uint16_t*>(y), total, at == dtype::bf16);
+            break;
+        case dtype::q8_0:
+            act_to_q8_0<<<blocks_for(total / 32, 8), 256, 0, s>>>(x, static_cast<std::uint8_t*>(y), total / 32);
+            break;
+        case dtype::q8_k:
+            act_to_q8_k<<<blocks_for(total / 256, 8), 256, 0, s>>>(x, static_cast<std::uint8_t*>(y), total / 256);
+            break;
+        default: fail("cuda: no activation conversion to ", dtype_name(at));
+    }
+    check_launch("quantize_activations");
+}
+
+// ---- per-format items -------------------------------------------------------------------------
+// items<T>(K): how many items a row of K elements has; item_dot<T, R>: adds item `it` of weight
+// row w times the R activation rows x[r] into acc[r] (r < nr).
+
+template <dtype T>
+__host__ __device__ constexpr std::int64_t items(std::int64_t K) {
+    if constexpr (T == dtype::q8_0) return K / 32;
+    else if constexpr (T == dtype::q4_k || T == dtype::q5_k) return K / 256 * 8;
+    else if constexpr (T == dtype::q6_k) return K / 256 * 16;
+    else return K;
+}
+
+// The (scale, min) of sub-block j from the 12 packed bytes (quant::unpack_scales_k4).
+__device__ inline void scale_min_k4(const std::uint8_t* b, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = b[j] & 63;
+        m = b[j + 4] & 63;
+    } else {
+        sc = (b[j + 4] & 15) | ((b[j - 4] >> 6) << 4);
+        m = (b[j + 4] >> 4) | ((b[j] >> 6) << 4);
+    }
+}
+
+template <dtype T, int R>
+__device__ inline void item_dot(const std::uint8_t* w, const std::uint8_t* const* x, std::int64_t it, float* acc, int nr) {
+    if constexpr (T == dtype::f32) {
+        const float wv = reinterpret_cast<const float*>(w)[it];
+        for (int r = 0; r < R; ++r)
+            if (r < nr) acc[r] = fmaf(wv, reinterpret_cast<const float*>(x[r])[it], acc[r]);
+    } else if constexpr (T == dtype::f16 || T == dtype::bf16) {
+        auto cvt = [](std::uint16_t h) { return T == dtype::f16 ? f16_to_f32(h) : bf16_to_f32(h); };
+        const float wv = cvt(reinterpret_cast<const std::uint16_t*>(w)[it]);
+        for (int r = 0; r < R; ++r)
+            if (r < nr) acc[r] = fmaf(wv, cvt(reinterpret_cast<const std::uint16_t*>(x[r])[it]), acc[r]);
+    } else if constexpr (T == dtype::q8_0) {
+        // Byte loads: blocks are 34 bytes, so the int8 run is only 2-byte aligned (no dp4a loads).
+        const std::uint8_t* wb = w + it * q8_0_bytes;
+        const float dw = f16_to_f32(load_u16(wb));
+        int q[32];
+        for (int i = 0; i < 32; ++i) q[i] = std::int8_t(wb[2 + i]);
+        for (int r = 0; r < R; ++r) {
+            if (r >= nr) continue;
+            const std::uint8_t* xb = x[r] + it * q8_0_bytes;
+            int s = 0;
+            for (int i = 0; i < 32; ++i) s += q[i] * int(std::int8_t(xb[2 + i]));
+            acc[r] += float(s) * (dw * f16_to_f32(load_u16(xb)));
+        }
+    } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {
+        constexpr std::size_t bb = T == dtype::q4_k ? 144 : 176;
+        const std::int64_t b = it / 8;
+        const int j = int(it % 8);
+        const std::uint8_t* wb = w + b * bb;
+        const float d = f16_to_f32(load_u16(wb)), dmin = f16_to_f32(load_u16(wb + 2));
+        int sc, m;
+        scale_min_k4(wb + 4, j, sc, m);
+        const std::uint8_t* qs = wb + (T == dtype::q4_k ? 16 : 48) + 32 * (j / 2);
+        int q[32];
+        for (int l = 0; l < 32; ++l) {
+            q[l] = j % 2 == 0 ? (qs[l] & 15) : (qs[l] >> 4);
+            if constexpr (T == dtype::q5_k) q[l] |= ((wb[16 + l] >> j) & 1) << 4;
+        }
+        for (int r = 0; r < R; ++r) {
+            if (r >= nr) continue;
+            const std::uint8_t* ab = x[r] + b * q8_k_bytes;
+            const auto* aq = reinterpret_cast<const std::int8_t*>(ab + 4) + 32 * j;
+            const auto* bs = reinterpret_cast<const std::int16_t*>(ab + 260);
+            int dot = 0;
+            for (int l = 0; l < 32; ++l) dot += q[l] * int(aq[l]);
+            const int msum = int(bs[2 * j]) + int(bs[2 * j + 1]);
+            acc[r] += load_f32(ab) * (d * float(sc * dot) - dmin * float(m * msum));
+        }
+    } else if constexpr (T == dtype::q6_k) {
+        const std::int64_t b = it / 16;
+        const int g = int(it % 16);
+        const std::uint8_t* wb = w + b * 210;
+        const float d = f16_to_f32(load_u16(wb + 208));
+        const int sc = std::int8_t(wb[192 + g]);
+        int q[16];
+        for (int e = 0; e < 16; ++e) {  // quant::q6_k_code for element 16g + e
+            const int i = 16 * g + e, h = i / 128, rr = i % 128, k = rr / 32, l = rr % 32;
+            const std::uint8_t lo = wb[64 * h + (k & 1) * 32 + l];
+            const int low = k < 2 ? (lo & 15) : (lo >> 4);
+            q[e] = (low | (((wb[128 + 32 * h + l] >> (2 * k)) & 3) << 4)) - 32;
+        }
+        for (int r = 0; r < R; ++r) {
+            if (r >= nr) continue;
+            const std::uint8_t* ab = x[r] + b * q8_k_bytes;
+            const auto* aq = reinterpret_cast<const std::int8_t*>(ab + 4) + 16 * g;
+            int dot = 0;
+            for (int e = 0; e < 16; ++e) dot += q[e] * int(aq[e]);
+            acc[r] += load_f32(ab) * d * float(sc * dot);
+        }
+    }
+}
+
+// ---- the product kernel -----------------------------------------------------------------------
+
+// A tile: rows [p0, p1) of the output that share matrix `mat` (p1 - p0 <= mm_rows).
+struct mm_tile {
+    int mat, p0, p1;
+};
+
+struct mm_args {
+    const std::uint8_t* w;     // matrix 0; matrix e at w + e * mat_bytes
+    std::size_t row_bytes, mat_bytes;
+    const std::uint8_t* x;     // activation rows (already in the partner type)
+    std::size_t x_row_bytes;
+    const int* xmap;           // output row p reads activation row xmap[p] (null: p)
+    float* y;                  // y[p * ldy + o]
+    std::int64_t ldy, N, K;
+    std::int64_t n;            // output rows (dense tiling when tiles == null)
+    const mm_tile* tiles;      // grouped: the tile list and its length on the device
+    const int* n_tiles;
+};
+
+template <dtype T>
+static __global__ void __launch_bounds__(mm_warps * 32) mm_kernel(mm_args a) {
+    const int lane = threadIdx.x % 32;
+    const std::int64_t o = std::int64_t(blockIdx.x) * mm_warps + threadIdx.x / 32;
+    if (o >= a.N) return;
+    mm_tile tl;
+    if (a.tiles) {
+        if (int(blockIdx.y) >= *a.n_tiles) return;
+        tl = a.tiles[blockIdx.y];
+    } else {
+        tl.mat = 0;
+        tl.p0 = int(blockIdx.y) * mm_rows;
+        tl.p1 = min(int(a.n), tl.p0 + mm_rows);
+    }
+    const int nr = tl.p1 - tl.p0;
+    const std::uint8_t* xr[mm_rows];
+    for (int r = 0; r < mm_rows; ++r) {
+        const int p = tl.p0 + (r < nr ? r : 0);
+        xr[r] = a.x + std::size_t(a.xmap ? a.xmap[p] : p) * a.x_row_bytes;
+    }
+    const std::uint8_t* w = a.w + std::size_t(tl.mat) * a.mat_bytes + std::size_t(o) * a.row_bytes;
+    float acc[mm_rows] = {};
+    const std::int64_t n_items = items<T>(a.K);
+    for (std::int64_t it = lane; it < n_items; it += 32) item_dot<T, mm_rows>(w, xr, it, acc, nr);
+    for (int r = 0; r < mm_rows; ++r) {
+        const float s = warp_sum(acc[r]);
+        if (r < nr && lane == 0) a.y[std::int64_t(tl.p0 + r) * a.ldy + o] = s;
+    }
+}
+
+// grid.y: the number of tiles (dense) or an upper bound on it (grouped; extra blocks exit).
+inline void launch_mm(dtype t, const mm_args& a, unsigned grid_y, cudaStream_t s) {
+    if (grid_y == 0 || a.N == 0) return;
+    const dim3 grid(blocks_for(a.N, mm_warps), grid_y);
+    const unsigned threads = mm_warps * 32;
+    switch (t) {
+        case dtype::f32: mm_kernel<dtype::f32><<<grid, threads, 0, s>>>(a); break;
+        case dtype::f16: mm_kernel<dtype::f16><<<grid, threads, 0, s>>>(a); break;
+        case dtype::bf16: mm_kernel<dtype::bf16><<<grid, threads, 0, s>>>(a); break;
+        case dtype::q8_0: mm_kernel<dtype::q8_0><<<grid, threads, 0, s>>>(a); break;
+        case dtype::q4_k: mm_kernel<dtype::q4_k><<<grid, threads, 0, s>>>(a); break;
+        case dtype::q5_k: mm_kernel<dtype::q5_k><<<grid, threads, 0, s>>>(a); break;
+        case dtype::q6_k: mm_kernel<dtype::q6_k><<<grid, threads, 0, s>>>(a); break;
+        default: fail("cuda: no matmul kernel for weight type ", dtype_name(t));
+    }
+    check_launch("mm_kernel");
+}
+
+// A weight resident on the device (one matrix or a stack of expert matrices).
+struct device_matrix {
+    const std::uint8_t* data = nullptr;
+    dtype type = dtype::f32;
+    std::int64_t cols = 0, rows = 0, n_mat = 1;
+    std::size_t row_bytes = 0;
+    std::size_t mat_bytes() const { return std::size_t(rows) * row_bytes; }
+};
+
+// Scratch a product needs for its converted activations.
+inline std::size_t act_bytes(dtype wt, std::int64_t n, std::int64_t K) {
+    return quant::row_bytes(quant::activation_type(wt), K) * std::size_t(n);
+}
+
+// y[n, N] = x[n, K] · wᵀ on the device (all pointers device pointers; act: act_bytes() scratch).
+inline void matmul(const device_matrix& w, const float* x, float* y, std::int64_t n, void* act, cudaStream_t s) {
+    const dtype at = quant::activation_type(w.type);
+    quantize_activations(at, x, act, n, w.cols, s);
+    mm_args a{};
+    a.w = w.data;
+    a.row_bytes = w.row_bytes;
+    a.mat_bytes = w.mat_bytes();
+    a.x = at == dtype::f32 ? reinterpret_cast<const std::uint8_t*>(x) : static_cast<const std::uint8_t*>(act);
+    a.x_row_bytes = quant::row_bytes(at, w.cols);
+    a.y = y;
+    a.ldy = w.rows;
+    a.N = w.rows;
+    a.K = w.cols;
+    a.n = n;
+    launch_mm(w.type, a, blocks_for(n, mm_rows), s);
+}
+
+}  // namespace clover::backend::cuda_detail

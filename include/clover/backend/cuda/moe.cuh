@@ -1,0 +1,252 @@
+#pragma once
+// Sparse MoE on the device (layers/sparse_moe.hpp is the CPU twin), with CCCL doing the sorting:
+//   route_topk   per row: cub::BlockRadixSort of the router probabilities (descending, stable:
+//                ties keep the lower expert index first, the CPU rule), top k renormalised;
+//                experts outside the coreset mask are never chosen
+//   coreset      score[e] = Σ_t P[t, e] (double, rows in order as on the CPU), then the C best by
+//                one cub::BlockRadixSort over the scores -> a 0/1 mask
+//   group        cub::DeviceRadixSort of the n·k (expert, slot) pairs, counts, cub::DeviceScan
+//                for the expert offsets and for the tile list of the grouped products
+//   experts      gate/up and down as expert-grouped products (matmul.cuh tiles: each tile of up
+//                to mm_rows rows shares one expert matrix), SwiGLU, and a combine that adds the k
+//                contributions of a row in increasing expert order, as the CPU loop does
+// Everything is launched on one stream with no host synchronisation: grid sizes use the host-
+// known bounds (n·k rows, n·k/R + X tiles) and surplus blocks exit on the device-side counts.
+#include <cub/block/block_radix_sort.cuh>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <cstdint>
+
+#include "clover/backend/cuda/matmul.cuh"
+#include "clover/backend/cuda/ops.cuh"
+#include "clover/backend/cuda/runtime.cuh"
+
+namespace clover::backend::cuda_detail {
+
+inline constexpr int route_threads = 128, route_items = 4;  // up to 512 experts per row
+inline constexpr int max_experts = route_threads * route_items;
+
+// probs [n, X] -> ids/w [n, k]. allowed: X bytes (1 = may be chosen) or null for all.
+static __global__ void __launch_bounds__(route_threads) route_topk_kernel(const float* probs, std::int64_t X, int k,
+                                                                   const std::uint8_t* allowed, int* ids, float* w) {
+    using sorter = cub::BlockRadixSort<float, route_threads, route_items, int>;
+    __shared__ typename sorter::TempStorage tmp;
+    __shared__ int top_id[64];
+    __shared__ float top_p[64];
+    const float* p = probs + std::int64_t(blockIdx.x) * X;
+    float key[route_items];
+    int val[route_items];
+    for (int i = 0; i < route_items; ++i) {  // blocked arrangement: thread t holds t*items + i
+        const int e = threadIdx.x * route_items + i;
+        val[i] = e;
+        // Probabilities are >= +0: masked experts (-1) and padding (-2) sort after every real one.
+        key[i] = e < X ? (allowed && !allowed[e] ? -1.f : p[e]) : -2.f;
+    }
+    sorter(tmp).SortDescending(key, val);
+    for (int i = 0; i < route_items; ++i) {
+        const int r = threadIdx.x * route_items + i;
+        if (r < k) {
+            top_id[r] = val[i];
+            top_p[r] = key[i];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double sum = 0;  // as route_row: the renormalisation sum in double
+        for (int j = 0; j < k; ++j) sum += top_p[j];
+        for (int j = 0; j < k; ++j) {
+            ids[blockIdx.x * k + j] = top_id[j];
+            w[blockIdx.x * k + j] = float(top_p[j] / sum);
+        }
+    }
+}
+
+inline void route_topk(const float* probs, std::int64_t n, std::int64_t X, int k, const std::uint8_t* allowed, int* ids,
+                       float* w, cudaStream_t s) {
+    if (X > max_experts) fail("cuda routing: ", X, " experts exceed ", max_experts);
+    if (k > 64 || k > X) fail("cuda routing: k = ", k, " is out of range");
+    if (n <= 0) return;
+    route_topk_kernel<<<unsigned(n), route_threads, 0, s>>>(probs, X, k, allowed, ids, w);
+    check_launch("route_topk");
+}
+
+// The expert coreset as a mask (select_coreset): C <= 0 or C >= X -> all experts allowed.
+static __global__ void __launch_bounds__(route_threads) coreset_kernel(const float* probs, std::int64_t n, std::int64_t X,
+                                                                std::int64_t C, std::uint8_t* allowed) {
+    using sorter = cub::BlockRadixSort<double, route_threads, route_items, int>;
+    __shared__ typename sorter::TempStorage tmp;
+    double key[route_items];
+    int val[route_items];
+    for (int i = 0; i < route_items; ++i) {
+        const int e = threadIdx.x * route_items + i;
+        val[i] = e;
+        double s = -1.0;  // padding sorts last
+        if (e < X) {
+            s = 0.0;
+            for (std::int64_t t = 0; t < n; ++t) s += probs[t * X + e];
+            allowed[e] = C <= 0 || C >= X;
+        }
+        key[i] = s;
+    }
+    __syncthreads();
+    sorter(tmp).SortDescending(key, val);
+    if (C > 0 && C < X)
+        for (int i = 0; i < route_items; ++i)
+            if (threadIdx.x * route_items + i < C) allowed[val[i]] = 1;
+}
+
+inline void coreset(const float* probs, std::int64_t n, std::int64_t X, std::int64_t C, std::uint8_t* allowed,
+                    cudaStream_t s) {
+    if (X > max_experts) fail("cuda coreset: ", X, " experts exceed ", max_experts);
+    coreset_kernel<<<1, route_threads, 0, s>>>(probs, n, X, C, allowed);
+    check_launch("coreset");
+}
+
+// Device scratch of the grouping step and the expert products, sized for n rows.
+struct moe_scratch {
+    device_buffer keys, keys_sorted, slots, slots_sorted, counts, offsets, tile_counts, tile_offsets, tiles, xmap, inv,
+        cub_tmp, act, gu, hbuf, ys;
+};
+
+static __global__ void iota_kernel(int* v, std::int64_t n) {
+    const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) v[i] = int(i);
+}
+static __global__ void count_kernel(const int* ids, std::int64_t n, int* counts) {
+    const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) atomicAdd(counts + ids[i], 1);  // integer counts: the order of the adds does not matter
+}
+static __global__ void tile_count_kernel(const int* counts, std::int64_t X, int* tc) {
+    const std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e < X) tc[e] = (counts[e] + mm_rows - 1) / mm_rows;
+    if (e == X) tc[e] = 0;  // so the exclusive scan's last entry is the total
+}
+// Tiles of expert e: rows [off[e] + r·R, min(off[e+1], ...)). Also xmap and the slot inverse.
+static __global__ void tiles_kernel(const int* offsets, const int* tile_offsets, std::int64_t X, mm_tile* tiles) {
+    const std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= X) return;
+    const int p0 = offsets[e], p1 = offsets[e + 1];
+    int ti = tile_offsets[e];
+    for (int p = p0; p < p1; p += mm_rows) tiles[ti++] = mm_tile{int(e), p, min(p1, p + mm_rows)};
+}
+static __global__ void maps_kernel(const int* slots_sorted, std::int64_t nk, int k, int* xmap, int* inv) {
+    const std::int64_t p = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (p >= nk) return;
+    xmap[p] = slots_sorted[p] / k;  // the token row of sorted position p
+    inv[slots_sorted[p]] = int(p);
+}
+// out[t] = Σ_j w[t,j] · ys[pos(t,j)] over the row's k slots in increasing expert id.
+static __global__ void combine_kernel(const int* ids, const float* w, const int* inv, const float* ys, float* out,
+                               std::int64_t n, int k, std::int64_t E) {
+    const std::int64_t id = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (id >= n * E) return;
+    const std::int64_t t = id / E, i = id % E;
+    int order[64];
+    for (int j = 0; j < k; ++j) order[j] = j;
+    for (int a = 1; a < k; ++a)  // k <= 64 and tiny: insertion sort by expert id
+        for (int b = a; b > 0 && ids[t * k + order[b]] < ids[t * k + order[b - 1]]; --b) {
+            const int x = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = x;
+        }
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) {
+        const int slot = int(t) * k + order[j];
+        acc += w[slot] * ys[std::int64_t(inv[slot]) * E + i];
+    }
+    out[id] = acc;
+}
+
+// The routed experts of one layer on the device. gate_up: [2F, E] per expert (merged), or gate
+// and up separately (up non-null); down: [E, F] per expert. x [n, E], ids/w [n, k] -> out [n, E].
+inline void moe_experts(const device_matrix& gate, const device_matrix* up, const device_matrix& down, const float* x,
+                        const int* ids, const float* w, float* out, std::int64_t n, int k, moe_scratch& sc,
+                        cudaStream_t s) {
+    const std::int64_t X = gate.n_mat, E = gate.cols, F = up ? gate.rows : gate.rows / 2, nk = n * k;
+    if (nk <= 0) return;
+    int* keys = sc.keys.get<int>(std::size_t(nk));
+    int* keys_sorted = sc.keys_sorted.get<int>(std::size_t(nk));
+    int* slots = sc.slots.get<int>(std::size_t(nk));
+    int* slots_sorted = sc.slots_sorted.get<int>(std::size_t(nk));
+    int* counts = sc.counts.get<int>(std::size_t(X + 1));
+    int* offsets = sc.offsets.get<int>(std::size_t(X + 1));
+    int* tcount = sc.tile_counts.get<int>(std::size_t(X + 1));
+    int* toff = sc.tile_offsets.get<int>(std::size_t(X + 1));
+    const std::int64_t max_tiles = nk / mm_rows + X;
+    auto* tiles = sc.tiles.get<mm_tile>(std::size_t(max_tiles));
+    int* xmap = sc.xmap.get<int>(std::size_t(nk));
+    int* inv = sc.inv.get<int>(std::size_t(nk));
+
+    CLOVER_CUDA_CHECK(cudaMemcpyAsync(keys, ids, std::size_t(nk) * 4, cudaMemcpyDeviceToDevice, s));
+    iota_kernel<<<blocks_for(nk, 256), 256, 0, s>>>(slots, nk);
+    int end_bit = 1;
+    while ((std::int64_t(1) << end_bit) < X) ++end_bit;
+    std::size_t sort_bytes = 0, scan_bytes = 0;
+    CLOVER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, keys_sorted, slots, slots_sorted, int(nk), 0, end_bit, s));
+    CLOVER_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, counts, offsets, int(X + 1), s));
+    void* tmp = sc.cub_tmp.get<std::uint8_t>(std::max(sort_bytes, scan_bytes));
+    // Stable radix sort: within an expert, slots stay in row order (the CPU's rows_of[e] order).
+    CLOVER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, sort_bytes, keys, keys_sorted, slots, slots_sorted, int(nk), 0, end_bit, s));
+    CLOVER_CUDA_CHECK(cudaMemsetAsync(counts, 0, std::size_t(X + 1) * 4, s));
+    count_kernel<<<blocks_for(nk, 256), 256, 0, s>>>(ids, nk, counts);
+    CLOVER_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(tmp, scan_bytes, counts, offsets, int(X + 1), s));
+    tile_count_kernel<<<blocks_for(X + 1, 256), 256, 0, s>>>(counts, X, tcount);
+    CLOVER_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(tmp, scan_bytes, tcount, toff, int(X + 1), s));
+    tiles_kernel<<<blocks_for(X, 128), 128, 0, s>>>(offsets, toff, X, tiles);
+    maps_kernel<<<blocks_for(nk, 256), 256, 0, s>>>(slots_sorted, nk, k, xmap, inv);
+    check_launch("moe grouping");
+
+    // gate/up: activations are the n token rows, converted once; rows come through xmap.
+    const dtype at = quant::activation_type(gate.type);
+    void* act = sc.act.get<std::uint8_t>(std::max(act_bytes(gate.type, n, E), act_bytes(down.type, nk, F)));
+    quantize_activations(at, x, act, n, E, s);
+    float* gu = sc.gu.get<float>(std::size_t(nk * 2 * F));
+    mm_args a{};
+    a.x = at == dtype::f32 ? reinterpret_cast<const std::uint8_t*>(x) : static_cast<const std::uint8_t*>(act);
+    a.x_row_bytes = quant::row_bytes(at, E);
+    a.xmap = xmap;
+    a.ldy = 2 * F;
+    a.K = E;
+    a.n = nk;
+    a.tiles = tiles;
+    a.n_tiles = toff + X;
+    a.w = gate.data;
+    a.row_bytes = gate.row_bytes;
+    a.mat_bytes = gate.mat_bytes();
+    a.y = gu;
+    a.N = up ? F : 2 * F;
+    launch_mm(gate.type, a, unsigned(max_tiles), s);
+    if (up) {
+        a.w = up->data;
+        a.row_bytes = up->row_bytes;
+        a.mat_bytes = up->mat_bytes();
+        a.y = gu + F;
+        a.N = F;
+        launch_mm(up->type, a, unsigned(max_tiles), s);
+    }
+    float* hb = sc.hbuf.get<float>(std::size_t(nk * F));
+    swiglu(gu, hb, nk, F, s);
+    // down: activations are the sorted rows themselves.
+    const dtype dt = quant::activation_type(down.type);
+    quantize_activations(dt, hb, act, nk, F, s);
+    float* ys = sc.ys.get<float>(std::size_t(nk * E));
+    mm_args d{};
+    d.w = down.data;
+    d.row_bytes = down.row_bytes;
+    d.mat_bytes = down.mat_bytes();
+    d.x = dt == dtype::f32 ? reinterpret_cast<const std::uint8_t*>(hb) : static_cast<const std::uint8_t*>(act);
+    d.x_row_bytes = quant::row_bytes(dt, F);
+    d.y = ys;
+    d.ldy = E;
+    d.N = E;
+    d.K = F;
+    d.n = nk;
+    d.tiles = tiles;
+    d.n_tiles = toff + X;
+    launch_mm(down.type, d, unsigned(max_tiles), s);
+    combine_kernel<<<blocks_for(n * E, 256), 256, 0, s>>>(ids, w, inv, ys, out, n, k, E);
+    check_launch("moe combine");
+}
+
+}  // namespace clover::backend::cuda_detail

@@ -1,0 +1,172 @@
+#pragma once
+// CUDA runtime plumbing for backend::cuda: error checks that throw clover::error, move-only RAII
+// owners of device memory, pinned host memory and streams, and small device helpers shared by
+// the kernels (warp reductions, half/bfloat16 conversions bit-exact with quant/half.hpp).
+// Included only by nvcc translation units (through backend/cuda/cuda.hpp).
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "clover/core/error.hpp"
+
+#define CLOVER_CUDA_CHECK(expr) ::clover::backend::cuda_detail::check((expr), #expr, __FILE__, __LINE__)
+
+namespace clover::backend::cuda_detail {
+
+inline void check(cudaError_t e, const char* what, const char* file, int line) {
+    if (e != cudaSuccess) fail("CUDA error '", cudaGetErrorString(e), "' from ", what, " at ", file, ":", line);
+}
+
+// Devices usable by this process; 0 (not an exception) when there is no driver or no GPU, so
+// tests and the CLI can say "no CUDA device" and move on.
+inline int device_count() noexcept {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();  // clear the sticky "no device" error
+        return 0;
+    }
+    return n;
+}
+
+// Grow-only device allocation (the hot path reuses it; it never shrinks).
+class device_buffer {
+public:
+    device_buffer() = default;
+    explicit device_buffer(std::size_t bytes) { reserve(bytes); }
+    ~device_buffer() { release(); }
+    device_buffer(device_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+    device_buffer& operator=(device_buffer&& o) noexcept {
+        if (this != &o) {
+            release();
+            p_ = std::exchange(o.p_, nullptr);
+            n_ = std::exchange(o.n_, 0);
+        }
+        return *this;
+    }
+    device_buffer(const device_buffer&) = delete;
+    device_buffer& operator=(const device_buffer&) = delete;
+
+    void reserve(std::size_t bytes) {
+        if (bytes <= n_) return;
+        release();
+        CLOVER_CUDA_CHECK(cudaMalloc(&p_, bytes));
+        n_ = bytes;
+    }
+    template <class T = void>
+    T* get() const { return static_cast<T*>(p_); }
+    template <class T>
+    T* get(std::size_t count) { reserve(count * sizeof(T)); return static_cast<T*>(p_); }
+    std::size_t size() const { return n_; }
+
+private:
+    void release() noexcept {
+        if (p_) (void)cudaFree(p_);
+        p_ = nullptr;
+        n_ = 0;
+    }
+    void* p_ = nullptr;
+    std::size_t n_ = 0;
+};
+
+// Page-locked host memory: the only kind cudaMemcpyAsync copies without a hidden staging copy,
+// and the kind a kernel may read directly over PCIe (mapped).
+class pinned_buffer {
+public:
+    pinned_buffer() = default;
+    ~pinned_buffer() { release(); }
+    pinned_buffer(pinned_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+    pinned_buffer& operator=(pinned_buffer&& o) noexcept {
+        if (this != &o) {
+            release();
+            p_ = std::exchange(o.p_, nullptr);
+            n_ = std::exchange(o.n_, 0);
+        }
+        return *this;
+    }
+    pinned_buffer(const pinned_buffer&) = delete;
+    pinned_buffer& operator=(const pinned_buffer&) = delete;
+    void reserve(std::size_t bytes) {
+        if (bytes <= n_) return;
+        release();
+        CLOVER_CUDA_CHECK(cudaHostAlloc(&p_, bytes, cudaHostAllocMapped));
+        n_ = bytes;
+    }
+    template <class T = void>
+    T* get() const { return static_cast<T*>(p_); }
+    std::size_t size() const { return n_; }
+
+private:
+    void release() noexcept {
+        if (p_) (void)cudaFreeHost(p_);
+        p_ = nullptr;
+        n_ = 0;
+    }
+    void* p_ = nullptr;
+    std::size_t n_ = 0;
+};
+
+class stream {
+public:
+    stream() { CLOVER_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+    ~stream() {
+        if (s_) (void)cudaStreamDestroy(s_);
+    }
+    stream(const stream&) = delete;
+    stream& operator=(const stream&) = delete;
+    cudaStream_t get() const { return s_; }
+    void sync() const { CLOVER_CUDA_CHECK(cudaStreamSynchronize(s_)); }
+
+private:
+    cudaStream_t s_ = nullptr;
+};
+
+// Checks the last launch (launch errors are otherwise only seen at the next synchronisation).
+inline void check_launch(const char* what) { check(cudaGetLastError(), what, __FILE__, __LINE__); }
+
+inline unsigned blocks_for(std::int64_t n, unsigned per_block) { return unsigned((n + per_block - 1) / per_block); }
+
+// ---- device helpers ---------------------------------------------------------------------------
+// Kernels in these headers are `static __global__` (or templates): every nvcc translation unit
+// that includes them gets its own copy, as header-only C++ requires (no -rdc device linking).
+
+// Butterfly reductions: every lane ends with the same value, and the summation tree is fixed, so
+// a result never depends on how many rows a launch covers (row-exactness, see matmul.cuh).
+__device__ inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ inline double warp_sum(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ inline float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ inline float f16_to_f32(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }
+// Round to nearest even with overflow to inf: the same rule as quant::f32_to_f16.
+__device__ inline std::uint16_t f32_to_f16(float f) { return __half_as_ushort(__float2half_rn(f)); }
+__device__ inline float bf16_to_f32(std::uint16_t h) { return __uint_as_float(std::uint32_t(h) << 16); }
+// Bit-for-bit quant::f32_to_bf16 (RNE, NaN kept quiet).
+__device__ inline std::uint16_t f32_to_bf16(float f) {
+    const std::uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 64u);
+    return std::uint16_t((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
+// Unaligned little-endian reads: GGUF blocks (34, 144, 210 bytes) leave fields at odd offsets.
+__device__ inline std::uint16_t load_u16(const std::uint8_t* p) { return std::uint16_t(p[0] | (p[1] << 8)); }
+__device__ inline float load_f32(const std::uint8_t* p) {
+    return __uint_as_float(std::uint32_t(p[0]) | (std::uint32_t(p[1]) << 8) | (std::uint32_t(p[2]) << 16) |
+                           (std::uint32_t(p[3]) << 24));
+}
+
+__device__ inline float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ inline float silu(float x) { return x / (1.f + expf(-x)); }
+__device__ inline float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+}  // namespace clover::backend::cuda_detail
