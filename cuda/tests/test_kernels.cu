@@ -1,0 +1,386 @@
+// Every CUDA kernel against its CPU twin on random data with odd sizes (ggml backend-test style):
+// activation conversion bit for bit, products for every weight format (and row-exactness), the
+// per-row ops, the GDN pieces, attention over the cache, routing and the expert-grouped products.
+#include "cuda_test.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include <clover/clover.hpp>
+#include <clover/layers/gdn_kernels.hpp>
+#include <clover/layers/rope.hpp>
+
+using namespace clover;
+namespace cd = clover::backend::cuda_detail;
+using cudatest::dvec;
+using cudatest::rel;
+
+namespace {
+
+// A host weight matrix of random values stored as t.
+struct host_weight {
+    std::vector<std::byte> bytes;
+    weight w;
+    host_weight(dtype t, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+        const std::size_t rb = quant::row_bytes(t, cols);
+        bytes.resize(rb * static_cast<std::size_t>(rows));
+        auto f = testutil::random_vec(static_cast<std::size_t>(rows * cols), seed);
+        for (std::int64_t r = 0; r < rows; ++r) quant::quantize_row(t, f.data() + r * cols, bytes.data() + r * rb, cols);
+        w.data = bytes.data();
+        w.type = t;
+        w.cols = cols;
+        w.rows = rows;
+        w.row_bytes = rb;
+        w.name = "test." + std::string(dtype_name(t));
+    }
+};
+
+hparams gdn_hparams(std::int64_t Hk, std::int64_t Hv, std::int64_t dk, std::int64_t dv, std::int64_t K, bool grouped) {
+    hparams h;
+    h.ssm_n_group = Hk;
+    h.ssm_dt_rank = Hv;
+    h.ssm_d_state = dk;
+    h.ssm_d_inner = Hv * dv;
+    h.ssm_conv = K;
+    h.gdn_grouped_heads = grouped;
+    return h;
+}
+
+weight f32_weight(const std::vector<float>& v) {
+    weight w;
+    w.data = reinterpret_cast<const std::byte*>(v.data());
+    w.type = dtype::f32;
+    w.cols = std::int64_t(v.size());
+    w.rows = 1;
+    w.row_bytes = v.size() * 4;
+    return w;
+}
+
+using gdn_cpu = layers::gated_deltanet<variants::from_file, backend::cpu>;
+
+}  // namespace
+
+CUDA_TEST_CASE("activation conversion is bit-identical to the CPU's (F16, BF16, Q8_0, Q8_K)") {
+    for (auto at : {dtype::f16, dtype::bf16, dtype::q8_0, dtype::q8_k}) {
+        CAPTURE(dtype_name(at));
+        const std::int64_t n = 5, K = 768;
+        auto x = testutil::random_vec(static_cast<std::size_t>(n * K), 11, -3.f, 3.f);
+        x[7] = 0.f;
+        std::fill(x.begin() + 256, x.begin() + 512, 0.f);  // an all-zero Q8_K block and Q8_0 blocks
+        x[600] = 3.f;
+        x[601] = -3.f;  // equal magnitudes: the first wins
+        const std::size_t rb = quant::row_bytes(at, K);
+        std::vector<std::uint8_t> want(rb * n);
+        for (std::int64_t t = 0; t < n; ++t) quant::quantize_row(at, x.data() + t * K, want.data() + t * rb, K);
+        dvec<float> dx(x);
+        dvec<std::uint8_t> dq(want.size());
+        cd::quantize_activations(at, dx.p(), dq.p(), n, K, nullptr);
+        CHECK(dq.host() == want);
+    }
+}
+
+CUDA_TEST_CASE("matmul equals the CPU backend for every weight format, odd row counts, and is row-exact") {
+    backend::cuda be({.threads = 2});
+    backend::cpu cpu({.threads = 2});
+    for (auto [t, K] : {std::pair{dtype::f32, std::int64_t(77)}, {dtype::f16, 77}, {dtype::bf16, 77}, {dtype::q8_0, 160},
+                        {dtype::q4_k, 768}, {dtype::q5_k, 512}, {dtype::q6_k, 768}}) {
+        CAPTURE(dtype_name(t));
+        const std::int64_t N = 37;
+        host_weight hw(t, N, K, 21 + std::uint64_t(t));
+        for (std::int64_t n : {1, 3, 5, 33}) {
+            CAPTURE(n);
+            auto x = testutil::random_vec(static_cast<std::size_t>(n * K), 31 + std::uint64_t(n));
+            std::vector<float> yc(static_cast<std::size_t>(n * N)), yr(yc.size()), yg(yc.size());
+            cpu.matmul(hw.w, x.data(), yc.data(), n);
+            backend::cpu::matmul_ref(hw.w, x.data(), yr.data(), n);
+            be.matmul(hw.w, x.data(), yg.data(), n);
+            CHECK(rel(yg, yr) < 1e-5f);
+            CHECK(rel(yg, yc) < 1e-5f);
+            // Row-exactness: each row equals the same row computed alone, bit for bit.
+            for (std::int64_t r = 0; r < n; ++r) {
+                std::vector<float> one(static_cast<std::size_t>(N));
+                be.matmul(hw.w, x.data() + r * K, one.data(), 1);
+                CHECK(std::memcmp(one.data(), yg.data() + r * N, static_cast<std::size_t>(N) * 4) == 0);
+            }
+        }
+    }
+    CHECK(be.uploaded_bytes() > 0);
+}
+
+CUDA_TEST_CASE("rms_norm (strided heads), softmax rows and rope equal the CPU functions") {
+    const std::int64_t rows = 7, n = 301;
+    auto x = testutil::random_vec(static_cast<std::size_t>(rows * n), 41, -4.f, 4.f), w = testutil::random_vec(static_cast<std::size_t>(n), 42);
+    std::vector<float> want(x.size());
+    for (std::int64_t r = 0; r < rows; ++r) math::rms_norm(x.data() + r * n, w.data(), want.data() + r * n, n, 1e-6f);
+    dvec<float> dx(x), dw(w), dy(x.size());
+    cd::rms_norm(dx.p(), n, dw.p(), dy.p(), n, rows, n, 1e-6f, nullptr);
+    CHECK(rel(dy.host(), want) < 1e-6f);
+
+    auto sm = x;
+    for (std::int64_t r = 0; r < rows; ++r) math::softmax(sm.data() + r * n, n);
+    cd::softmax_rows(dx.p(), rows, n, nullptr);
+    CHECK(rel(dx.host(), sm) < 1e-6f);
+
+    // rope over [tokens, heads, hd] with interleaved sections leaving a slot unrotated
+    for (auto sec : {std::array<int, 4>{0, 0, 0, 0}, {1, 1, 0, 1}, {11, 11, 10, 0}}) {
+        const std::int64_t T = 5, H = 3, hd = 70, n_rot = sec[0] == 11 ? 64 : 8, pos0 = 1234;
+        layers::rope_params rp{n_rot, 1e7f, sec};
+        auto q = testutil::random_vec(static_cast<std::size_t>(T * H * hd), 43);
+        auto want_q = q;
+        std::vector<float> cs(static_cast<std::size_t>(n_rot));
+        for (std::int64_t t = 0; t < T; ++t) {
+            layers::rope_cache(rp, pos0 + t, cs.data());
+            for (std::int64_t h = 0; h < H; ++h) layers::rope_apply(want_q.data() + (t * H + h) * hd, n_rot, cs.data());
+        }
+        cd::rope_args ra;
+        ra.n_rot = int(n_rot);
+        ra.scale = std::pow(rp.theta, -2.0f / float(n_rot));
+        for (int i = 0; i < 4; ++i) ra.sections[i] = sec[i];
+        dvec<float> dq(q);
+        cd::rope(dq.p(), H * hd, hd, H, T, pos0, ra, nullptr);
+        CHECK(rel(dq.host(), want_q) < 1e-5f);
+    }
+}
+
+CUDA_TEST_CASE("GDN conv + SiLU (with look-ahead taps), ring advance and q/k L2 norm equal the layer's") {
+    for (auto [n, K] : {std::pair{std::int64_t(1), std::int64_t(4)}, {7, 4}, {2, 3}, {33, 4}}) {
+        CAPTURE(n);
+        auto hp = gdn_hparams(2, 6, 5, 7, K, false);
+        dims<variants::from_file> d{&hp};
+        const std::int64_t C = d.conv_channels();
+        auto ring = testutil::random_vec(static_cast<std::size_t>((K - 1) * C), 51), m = testutil::random_vec(static_cast<std::size_t>(n * C), 52);
+        auto wc = testutil::random_vec(static_cast<std::size_t>(C * K), 53), right = testutil::random_vec(static_cast<std::size_t>(C * (K - 1)), 54);
+        gdn_weights gw;
+        gw.conv = f32_weight(wc);
+        for (bool look : {false, true}) {
+            std::vector<float> y(static_cast<std::size_t>(n * C));
+            gdn_cpu::conv_silu(d, gw, ring.data(), m.data(), y.data(), n, look ? right.data() : nullptr);
+            dvec<float> dr(ring), dm(m), dwc(wc), drt(right), dy(y.size());
+            cd::conv_silu(dr.p(), dm.p(), dwc.p(), look ? drt.p() : nullptr, dy.p(), n, C, int(K), nullptr);
+            CHECK(rel(dy.host(), y) < 1e-6f);
+            // normalize_qk in place on both
+            gdn_cpu::normalize_qk(d, y.data(), n, 0.37f);
+            cd::gdn_layout L{C, d.qk_heads(), d.v_heads(), d.dk(), d.dv(), false};
+            cd::l2norm_qk(dy.p(), n, L, hp.rms_eps, 0.37f, nullptr);
+            CHECK(rel(dy.host(), y) < 1e-6f);
+        }
+        auto r2 = ring;
+        gdn_cpu::advance_ring(d, r2.data(), m.data(), n);
+        dvec<float> dr(ring), dm(m), dout(ring.size());
+        cd::advance_ring(dr.p(), dm.p(), dout.p(), n, C, int(K), nullptr);
+        CHECK(dout.host() == r2);
+    }
+}
+
+namespace {
+// Random normalised GDN rows [n, C] as the layer feeds the recurrence.
+std::vector<float> gdn_rows(const dims<variants::from_file>& d, std::int64_t n, std::uint64_t seed) {
+    auto y = testutil::random_vec(static_cast<std::size_t>(n * d.conv_channels()), seed);
+    gdn_cpu::normalize_qk(d, y.data(), n, 1.f / std::sqrt(float(d.dk())));
+    return y;
+}
+}  // namespace
+
+CUDA_TEST_CASE("fused GDN step (gates + recurrence + gated norm) equals the CPU recurrence, grouped and tiled heads") {
+    for (auto [n, Hk, Hv, dk, dv, grouped] : {std::tuple{std::int64_t(1), std::int64_t(2), std::int64_t(6), std::int64_t(5), std::int64_t(7), false},
+                                              {9, 2, 6, 5, 7, true}, {1, 4, 8, 33, 65, false}, {3, 2, 4, 128, 128, true}}) {
+        CAPTURE(n); CAPTURE(dk); CAPTURE(dv); CAPTURE(grouped);
+        auto hp = gdn_hparams(Hk, Hv, dk, dv, 4, grouped);
+        dims<variants::from_file> d{&hp};
+        const std::int64_t C = d.conv_channels(), inner = Hv * dv;
+        auto y = gdn_rows(d, n, 61);
+        auto braw = testutil::random_vec(static_cast<std::size_t>(n * Hv), 62, -2.f, 2.f), araw = testutil::random_vec(static_cast<std::size_t>(n * Hv), 63);
+        auto A = testutil::random_vec(static_cast<std::size_t>(Hv), 64, -1.f, -0.1f), dt = testutil::random_vec(static_cast<std::size_t>(Hv), 65);
+        auto S = testutil::random_vec(static_cast<std::size_t>(Hv * dk * dv), 66, -0.3f, 0.3f);
+        auto z = testutil::random_vec(static_cast<std::size_t>(n * inner), 67), nw = testutil::random_vec(static_cast<std::size_t>(dv), 68, 0.5f, 1.5f);
+        // CPU: the layer's gate formulas, gdn_recurrent per head, then the gated norm.
+        std::vector<float> beta(braw.size()), g(araw.size()), o(static_cast<std::size_t>(n * inner)), tmp;
+        for (std::int64_t t = 0; t < n; ++t)
+            for (std::int64_t h = 0; h < Hv; ++h) {
+                beta[t * Hv + h] = math::sigmoid(braw[t * Hv + h]);
+                g[t * Hv + h] = A[h] * math::softplus(araw[t * Hv + h] + dt[h]);
+            }
+        auto Sc = S;
+        for (std::int64_t h = 0; h < Hv; ++h) {
+            const std::int64_t kh = hp.gdn_qk_head_of(h);
+            layers::gdn_head_io io{y.data() + kh * dk, y.data() + Hk * dk + kh * dk, y.data() + 2 * Hk * dk + h * dv,
+                                   g.data() + h, beta.data() + h, o.data() + h * dv, C, C, C, Hv, inner};
+            layers::gdn_recurrent(Sc.data() + h * dk * dv, io, n, dk, dv, tmp);
+        }
+        auto o_raw = o;
+        for (std::int64_t r = 0; r < n * Hv; ++r) {
+            math::rms_norm(o.data() + r * dv, nw.data(), o.data() + r * dv, dv, 1e-6f);
+            for (std::int64_t j = 0; j < dv; ++j) o[r * dv + j] *= math::silu(z[r * dv + j]);
+        }
+        cd::gdn_layout L{C, Hk, Hv, dk, dv, grouped};
+        dvec<float> dS(S), dy(y), db(braw), dg(araw), dA(A), ddt(dt), dz(z), dnw(nw), dout(o.size());
+        cd::gdn_scan_args a{dS.p(), dy.p(), db.p(), dg.p(), dA.p(), ddt.p(), dout.p(), dnw.p(), dz.p(), 1e-6f, n};
+        cd::gdn_scan(a, L, nullptr);
+        CHECK(rel(dout.host(), o) < 1e-5f);
+        CHECK(rel(dS.host(), Sc) < 1e-5f);
+        // Unfused: pre-gated inputs, no norm.
+        dvec<float> dS2(S), db2(beta), dg2(g), dout2(o.size());
+        cd::gdn_scan_args a2{dS2.p(), dy.p(), db2.p(), dg2.p(), nullptr, nullptr, dout2.p(), nullptr, nullptr, 1e-6f, n};
+        cd::gdn_scan(a2, L, nullptr);
+        CHECK(rel(dout2.host(), o_raw) < 1e-5f);
+        // And the separate gated-norm kernel.
+        cd::gated_norm(dout2.p(), dz.p(), dnw.p(), n * Hv, dv, 1e-6f, nullptr);
+        CHECK(rel(dout2.host(), o) < 1e-5f);
+    }
+}
+
+CUDA_TEST_CASE("chunked GDN prefill kernel equals the CPU chunked form and the recurrence") {
+    for (auto [n, dk, dv] : {std::tuple{std::int64_t(1), std::int64_t(5), std::int64_t(7)}, {31, 5, 7}, {32, 16, 16},
+                             {77, 9, 11}, {130, 128, 128}}) {
+        CAPTURE(n); CAPTURE(dk); CAPTURE(dv);
+        const std::int64_t Hk = 2, Hv = 4;
+        auto hp = gdn_hparams(Hk, Hv, dk, dv, 4, false);
+        dims<variants::from_file> d{&hp};
+        const std::int64_t C = d.conv_channels(), inner = Hv * dv;
+        auto y = gdn_rows(d, n, 71);
+        auto g = testutil::random_vec(static_cast<std::size_t>(n * Hv), 72, -2.f, 0.f), beta = testutil::random_vec(static_cast<std::size_t>(n * Hv), 73, 0.f, 1.f);
+        auto S = testutil::random_vec(static_cast<std::size_t>(Hv * dk * dv), 74, -0.3f, 0.3f);
+        std::vector<float> oc(static_cast<std::size_t>(n * inner)), orr(oc.size()), tmp;
+        auto Sc = S, Sr = S;
+        layers::gdn_chunk_scratch sc;
+        for (std::int64_t h = 0; h < Hv; ++h) {
+            const std::int64_t kh = hp.gdn_qk_head_of(h);
+            layers::gdn_head_io io{y.data() + kh * dk, y.data() + Hk * dk + kh * dk, y.data() + 2 * Hk * dk + h * dv,
+                                   g.data() + h, beta.data() + h, oc.data() + h * dv, C, C, C, Hv, inner};
+            layers::gdn_chunked(Sc.data() + h * dk * dv, io, n, dk, dv, sc, 32);
+            io.o = orr.data() + h * dv;
+            layers::gdn_recurrent(Sr.data() + h * dk * dv, io, n, dk, dv, tmp);
+        }
+        cd::gdn_layout L{C, Hk, Hv, dk, dv, false};
+        dvec<float> dS(S), dy(y), dg(g), db(beta), dout(oc.size());
+        cd::gdn_chunked(dS.p(), dy.p(), db.p(), dg.p(), dout.p(), L, n, nullptr, 32);
+        auto og = dout.host(), Sg = dS.host();
+        CHECK(rel(og, oc) < 1e-5f);
+        CHECK(rel(Sg, Sc) < 1e-5f);
+        CHECK(rel(og, orr) < 5e-5f);
+        CHECK(rel(Sg, Sr) < 5e-5f);
+    }
+}
+
+CUDA_TEST_CASE("preview block softmax with history slot equals block_softmax_mix") {
+    for (auto [B, dk, dv] : {std::tuple{std::int64_t(1), std::int64_t(5), std::int64_t(7)}, {13, 9, 11}, {32, 128, 128}}) {
+        CAPTURE(B);
+        const std::int64_t Hk = 2, Hv = 6;
+        auto hp = gdn_hparams(Hk, Hv, dk, dv, 4, false);
+        dims<variants::from_file> d{&hp};
+        const std::int64_t C = d.conv_channels(), inner = Hv * dv;
+        auto y = testutil::random_vec(static_cast<std::size_t>(B * C), 81);
+        gdn_cpu::normalize_qk(d, y.data(), B, 1.f);
+        auto S = testutil::random_vec(static_cast<std::size_t>(Hv * dk * dv), 82);
+        auto lam = testutil::random_vec(static_cast<std::size_t>(Hv), 83, 1.f, 8.f), hb = testutil::random_vec(static_cast<std::size_t>(Hv), 84),
+             hc = testutil::random_vec(static_cast<std::size_t>(Hv), 85);
+        std::vector<float> o(static_cast<std::size_t>(B * inner)), logit(static_cast<std::size_t>(B + 1)), r(static_cast<std::size_t>(dv));
+        for (std::int64_t h = 0; h < Hv; ++h) {
+            const std::int64_t kh = hp.gdn_qk_head_of(h);
+            layers::gdn_head_io io{y.data() + kh * dk, y.data() + Hk * dk + kh * dk, y.data() + 2 * Hk * dk + h * dv,
+                                   nullptr, nullptr, o.data() + h * dv, C, C, C, 0, inner};
+            gdn_cpu::block_softmax_mix(S.data() + h * dk * dv, io, B, dk, dv, lam[h], hb[h], hc[h], logit, r);
+        }
+        cd::gdn_layout L{C, Hk, Hv, dk, dv, false};
+        dvec<float> dS(S), dy(y), dout(o.size()), dl(lam), dhb(hb), dhc(hc);
+        cd::block_softmax(dS.p(), dy.p(), dout.p(), L, B, dl.p(), dhb.p(), dhc.p(), nullptr);
+        CHECK(rel(dout.host(), o) < 1e-5f);
+    }
+}
+
+CUDA_TEST_CASE("attention over the KV cache equals the CPU: causal rows and preview blocks, GQA, odd head dims") {
+    using attn = layers::gated_attention<variants::from_file, backend::cpu>;
+    for (auto [H, Hkv, hd, pos0, n] : {std::tuple{std::int64_t(6), std::int64_t(2), std::int64_t(12), std::int64_t(0), std::int64_t(5)},
+                                       {4, 2, 33, 17, 3}, {16, 2, 256, 300, 2}, {3, 3, 7, 1, 1}}) {
+        CAPTURE(H); CAPTURE(hd); CAPTURE(pos0); CAPTURE(n);
+        const std::int64_t kvw = Hkv * hd, ctx = pos0 + n + 1;
+        const float scale = 1.f / std::sqrt(float(hd));
+        auto q = testutil::random_vec(static_cast<std::size_t>(n * H * hd), 91, -2.f, 2.f);
+        auto kc = testutil::random_vec(static_cast<std::size_t>(ctx * kvw), 92, -2.f, 2.f), vc = testutil::random_vec(static_cast<std::size_t>(ctx * kvw), 93);
+        auto kb = testutil::random_vec(static_cast<std::size_t>(n * kvw), 94, -2.f, 2.f), vb = testutil::random_vec(static_cast<std::size_t>(n * kvw), 95);
+        std::vector<float> causal(q.size()), prev(q.size()), p;
+        const std::int64_t group = H / Hkv;
+        for (std::int64_t th = 0; th < n * H; ++th) {
+            const std::int64_t t = th / H, kvh = (th % H) / group;
+            attn::attend(q.data() + th * hd, {kc.data() + kvh * hd, vc.data() + kvh * hd, kvw, pos0 + t + 1}, {nullptr, nullptr, 0, 0},
+                         hd, scale, causal.data() + th * hd, p);
+            attn::attend(q.data() + th * hd, {kc.data() + kvh * hd, vc.data() + kvh * hd, kvw, pos0},
+                         {kb.data() + kvh * hd, vb.data() + kvh * hd, kvw, n}, hd, scale, prev.data() + th * hd, p);
+        }
+        dvec<float> dq(q), dkc(kc), dvc(vc), dkb(kb), dvb(vb), dout(q.size());
+        cd::attn_args a{dq.p(), dout.p(), dkc.p(), dvc.p(), kvw, pos0 + 1, true};
+        a.H = H; a.Hkv = Hkv; a.hd = hd; a.scale = scale;
+        cd::attention(a, n, nullptr);
+        CHECK(rel(dout.host(), causal) < 1e-5f);
+        cd::attn_args b{dq.p(), dout.p(), dkc.p(), dvc.p(), kvw, pos0, false, dkb.p(), dvb.p(), kvw, n};
+        b.H = H; b.Hkv = Hkv; b.hd = hd; b.scale = scale;
+        cd::attention(b, n, nullptr);
+        CHECK(rel(dout.host(), prev) < 1e-5f);
+    }
+}
+
+CUDA_TEST_CASE("CUB routing: top-k with ties to the lower index, coreset masks, equal to route_row/select_coreset") {
+    for (auto [n, X, k, C] : {std::tuple{std::int64_t(1), std::int64_t(5), 3, std::int64_t(0)}, {7, 8, 2, 4},
+                              {33, 256, 8, 16}, {5, 300, 10, 3}, {4, 512, 8, 600}}) {
+        CAPTURE(n); CAPTURE(X); CAPTURE(k); CAPTURE(C);
+        auto logits = testutil::random_vec(static_cast<std::size_t>(n * X), 101, -3.f, 3.f);
+        for (std::int64_t t = 0; t < n; ++t) logits[t * X + X - 1] = logits[t * X + 1];  // ties
+        auto probs = logits;
+        for (std::int64_t t = 0; t < n; ++t) math::softmax(probs.data() + t * X, X);
+        auto allowed = layers::select_coreset(probs.data(), n, X, C);
+        const int kk = allowed.empty() ? k : int(std::min<std::int64_t>(k, std::int64_t(allowed.size())));
+        std::vector<std::int32_t> ids(static_cast<std::size_t>(n * kk));
+        std::vector<float> w(ids.size());
+        for (std::int64_t t = 0; t < n; ++t) layers::route_row(probs.data() + t * X, X, kk, allowed, ids.data() + t * kk, w.data() + t * kk);
+        dvec<float> dp(probs);
+        dvec<std::uint8_t> mask(static_cast<std::size_t>(X));
+        cd::coreset(dp.p(), n, X, C, mask.p(), nullptr);
+        auto m = mask.host();
+        for (std::int64_t e = 0; e < X; ++e)
+            CHECK(bool(m[e]) == (allowed.empty() || std::find(allowed.begin(), allowed.end(), e) != allowed.end()));
+        dvec<int> did(ids.size());
+        dvec<float> dw(w.size());
+        cd::route_topk(dp.p(), n, X, kk, mask.p(), did.p(), dw.p(), nullptr);
+        auto gi = did.host();
+        CHECK(std::equal(gi.begin(), gi.end(), ids.begin()));
+        CHECK(rel(dw.host(), w) < 1e-6f);
+    }
+}
+
+CUDA_TEST_CASE("expert-grouped products (CUB sort/scan grouping) equal the CPU experts loop") {
+    for (auto t : {dtype::f32, dtype::q8_0, dtype::q4_k, dtype::bf16}) {
+        CAPTURE(dtype_name(t));
+        auto s = t == dtype::q4_k ? cudatest::kquant_tiny(t) : synth::preset("tiny");
+        s.type = t;
+        s.n_expert = 11;
+        s.n_expert_used = 3;
+        auto path = testutil::synth_file("cuda_moe_" + std::string(dtype_name(t)) + ".gguf", s);
+        model<variants::from_file, backend::cpu> m(load(path), {2});
+        backend::cuda be({.threads = 2});
+        const auto& mw = m.weights().layers[1].moe;
+        const dims<variants::from_file> d = m.dim();
+        for (std::int64_t n : {1, 6, 37}) {
+            CAPTURE(n);
+            const std::int64_t E = d.n_embd(), X = d.n_expert();
+            const int k = int(d.n_expert_used());
+            auto x = testutil::random_vec(static_cast<std::size_t>(n * E), 111 + std::uint64_t(n));
+            auto probs = testutil::random_vec(static_cast<std::size_t>(n * X), 112, 0.f, 1.f);
+            std::vector<std::int32_t> ids(static_cast<std::size_t>(n * k));
+            std::vector<float> w(ids.size());
+            for (std::int64_t r = 0; r < n; ++r) layers::route_row(probs.data() + r * X, X, k, {}, ids.data() + r * k, w.data() + r * k);
+            std::vector<float> want(static_cast<std::size_t>(n * E));
+            workspace ws;
+            layers::sparse_moe<variants::from_file, backend::cpu>::experts(m.backend(), d, mw, x.data(), want.data(), n, k,
+                                                                           ids.data(), w.data(), ws);
+            const auto& gate = be.upload(mw.gate_exps);
+            const auto& up = be.upload(mw.up_exps);
+            const auto& down = be.upload(mw.down_exps);
+            dvec<float> dx(x), dw(w), dout(want.size());
+            dvec<int> did(std::vector<int>(ids.begin(), ids.end()));
+            cd::moe_scratch sc;
+            cd::moe_experts(gate, &up, down, dx.p(), did.p(), dw.p(), dout.p(), n, k, sc, nullptr);
+            CHECK(rel(dout.host(), want) < 1e-5f);
+        }
+    }
+}

@@ -1,0 +1,148 @@
+// Whole-model logits, backend::cuda vs backend::cpu: the same model type, session API and
+// decoders. Tiny and odd synthetic models in several weight formats, decode after prefill,
+// preview and verify passes of clover_moe (verify rows bit-identical to single-row steps on
+// CUDA too), --n-cpu-moe, and a synthesized full-width model with few layers.
+#include "cuda_test.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include <clover/clover.hpp>
+
+using namespace clover;
+using cudatest::rel;
+
+namespace {
+
+using cpu_model = model<variants::from_file, backend::cpu>;
+using cuda_model = model<variants::from_file, backend::cuda>;
+
+std::vector<token> ids(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
+    rng r(seed);
+    std::vector<token> v;
+    for (std::int64_t i = 0; i < n; ++i) v.push_back(token(r.next() % std::uint64_t(vocab)));
+    return v;
+}
+
+template <class M>
+std::vector<float> commit_all(M& m, const std::vector<token>& prompt, std::int64_t ctx = 256) {
+    auto s = m.new_session({.ctx = ctx});
+    std::vector<float> out;
+    m.commit(s, prompt, logits_rows::all, out);
+    return out;
+}
+
+}  // namespace
+
+CUDA_TEST_CASE("commit logits: CUDA equals CPU on the tiny and odd models (F32, F16, BF16, Q8_0)") {
+    for (auto [t, tol] : {std::pair{dtype::f32, 1e-5f}, {dtype::f16, 2e-3f}, {dtype::bf16, 2e-3f}, {dtype::q8_0, 2e-3f}}) {
+        CAPTURE(dtype_name(t));
+        auto s = synth::preset("tiny");
+        s.type = t;
+        auto path = testutil::synth_file("cu_tiny_" + std::string(dtype_name(t)) + ".gguf", s);
+        cpu_model c(load(path), {2});
+        cuda_model g(load(path), {.threads = 2});
+        auto p = ids(45, c.n_vocab(), 1);
+        // Quantized activations: a value on the other side of a rounding boundary (after the
+        // float sums differ in order) moves one code; that, not a bug, sets the tolerance.
+        CHECK(rel(commit_all(g, p), commit_all(c, p)) < tol);
+    }
+    auto odd = testutil::synth_file("cu_odd.gguf", testutil::odd_spec());
+    cpu_model c(load(odd), {2});
+    cuda_model g(load(odd), {.threads = 2});
+    auto p = ids(67, c.n_vocab(), 2);
+    CHECK(rel(commit_all(g, p), commit_all(c, p)) < 1e-5f);
+}
+
+CUDA_TEST_CASE("K-quant model (Q4_K, Q6_K matrices): CUDA equals CPU") {
+    for (auto t : {dtype::q4_k, dtype::q6_k}) {
+        CAPTURE(dtype_name(t));
+        auto s = cudatest::kquant_tiny(t);
+        auto path = testutil::synth_file("cu_tiny_" + std::string(dtype_name(t)) + ".gguf", s);
+        cpu_model c(load(path), {2});
+        cuda_model g(load(path), {.threads = 2});
+        auto p = ids(21, c.n_vocab(), 3);
+        CHECK(rel(commit_all(g, p), commit_all(c, p)) < 5e-3f);
+    }
+}
+
+CUDA_TEST_CASE("decode after prefill on CUDA equals one long CUDA prefill; sessions are the CPU's type") {
+    auto path = testutil::synth_file("cu_odd.gguf", testutil::odd_spec());
+    cuda_model g(load(path), {.threads = 2});
+    auto p = ids(40, g.n_vocab(), 4);
+    auto all = commit_all(g, p, 64);
+    session s = g.new_session({.ctx = 64});
+    std::vector<float> part;
+    g.commit(s, std::span<const token>(p.data(), 17), logits_rows::all, part);
+    float err = testutil::max_abs_diff(part.data(), all.data(), part.size());
+    for (std::size_t i = 17; i < p.size(); ++i) {
+        std::vector<float> one;
+        g.commit(s, std::span<const token>(p.data() + i, 1), logits_rows::last, one);
+        err = std::max(err, testutil::max_abs_diff(one.data(), all.data() + i * static_cast<std::size_t>(g.n_vocab()), one.size()));
+    }
+    CHECK(err < 1e-4f * (1 + testutil::max_abs(all)));
+}
+
+CUDA_TEST_CASE("clover_moe on CUDA: preview equals CPU; verify rows equal single-row steps bit for bit") {
+    auto s = testutil::odd_spec();
+    s.arch = "clover_moe";
+    auto path = testutil::synth_file("cu_clover_odd.gguf", s);
+    cpu_model c(load(path), {2});
+    cuda_model g(load(path), {.threads = 2});
+    auto prefix = ids(11, 290, 5), block = ids(8, 290, 6);
+    for (std::int64_t coreset : {std::int64_t(-1), std::int64_t(0), std::int64_t(2)}) {
+        CAPTURE(coreset);
+        auto sc = c.new_session({.ctx = 64});
+        auto sg = g.new_session({.ctx = 64});
+        std::vector<float> tmp, lc, lg;
+        c.commit(sc, prefix, logits_rows::none, tmp);
+        g.commit(sg, prefix, logits_rows::none, tmp);
+        c.preview(sc, block, coreset, lc);
+        g.preview(sg, block, coreset, lg);
+        CHECK(rel(lg, lc) < 1e-5f);
+    }
+    auto sg = g.new_session({.ctx = 64});
+    auto tg = g.new_session({.ctx = 64});
+    std::vector<float> tmp, vl;
+    g.commit(sg, prefix, logits_rows::none, tmp);
+    g.commit(tg, prefix, logits_rows::none, tmp);
+    g.verify(sg, block, vl);
+    g.rollback(sg, 5);
+    for (std::int64_t i = 0; i < 5; ++i) {
+        std::vector<token> one = {block[static_cast<std::size_t>(i)]};
+        g.commit(tg, one, logits_rows::last, tmp);
+        CHECK(std::memcmp(tmp.data(), vl.data() + i * g.n_vocab(), tmp.size() * 4) == 0);
+    }
+    CHECK(sg.same_state(tg));
+}
+
+CUDA_TEST_CASE("--n-cpu-moe: experts of the first layers computed on the host give the same logits") {
+    auto path = testutil::synth_file("cu_odd.gguf", testutil::odd_spec());
+    cuda_model all_gpu(load(path), {.threads = 2});
+    cuda_model some_cpu(load(path), {.threads = 2, .n_cpu_moe = 3});
+    auto p = ids(23, all_gpu.n_vocab(), 7);
+    CHECK(some_cpu.backend().on_host(all_gpu.weights().layers[2].moe.gate_exps.expert(1)));
+    CHECK(!some_cpu.backend().on_host(all_gpu.weights().layers[3].moe.gate_exps.expert(1)));
+    CHECK(rel(commit_all(some_cpu, p), commit_all(all_gpu, p)) < 1e-5f);
+}
+
+CUDA_TEST_CASE("synthesized full-width model (4 layers, 32 experts, Q8_0): CUDA equals CPU") {
+    auto s = synth::preset("clover-35b-a3b");
+    s.n_layer = 4;        // three GDN layers and one attention layer, at full width
+    s.n_vocab = 4096;     // the vocabulary and expert count are cut to keep the file ~0.6 GB
+    s.n_expert = 32;
+    s.type = dtype::q8_0;
+    auto path = testutil::synth_file("cu_fullwidth_q8_0.gguf", s);
+    cpu_model c(load(path), {0});
+    cuda_model g(load(path), {.threads = 0});
+    auto p = ids(9, s.n_vocab, 8);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto lc = commit_all(c, p, 32);
+    const auto t1 = std::chrono::steady_clock::now();
+    auto lg = commit_all(g, p, 32);
+    const auto t2 = std::chrono::steady_clock::now();
+    std::printf("full-width 4-layer Q8_0, 9 tokens: CPU %.3f s, CUDA (host-interface step) %.3f s\n",
+                std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count());
+    CHECK(rel(lg, lc) < 2e-3f);
+}
