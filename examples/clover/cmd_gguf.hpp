@@ -88,7 +88,7 @@ inline void add_gguf_commands(CLI::App& app) {
         c->add_option("--preset", o->preset, "tiny | clover-35b-a3b");
         c->add_option("--layers", o->layers, "number of layers (default: the preset's)")->check(CLI::Range(1LL, 4096LL));
         c->add_option("--vocab", o->vocab, "vocabulary size (default: the preset's)")->check(CLI::Range(263LL, 1LL << 24));
-        c->add_option("--type", o->type, "f32 | f16 | bf16 | q8_0 (matrices; vectors stay f32)");
+        c->add_option("--type", o->type, "f32 | f16 | bf16 | q8_0 | q4_k | q5_k | q6_k | q4_k_m (matrices; vectors stay f32)");
         c->add_option("--seed", o->seed, "random seed");
         c->add_flag("--tie-embeddings", o->tie, "omit output.weight (the LM head reuses token_embd)");
         c->add_option("-o,--output", o->out, "output GGUF")->required();
@@ -97,9 +97,12 @@ inline void add_gguf_commands(CLI::App& app) {
             s.arch = o->arch;
             if (o->layers) s.n_layer = o->layers;
             if (o->vocab) s.n_vocab = o->vocab;
-            auto t = dtype_from_name(o->type);
-            if (!t || !quant::is_supported_weight(*t)) fail("synth: --type '", o->type, "' is not one of f32, f16, bf16, q8_0");
+            const bool mix = o->type == "q4_k_m" || o->type == "Q4_K_M";
+            auto t = mix ? std::optional<dtype>(dtype::q4_k) : dtype_from_name(o->type);
+            if (!t || !quant::is_supported_weight(*t))
+                fail("synth: --type '", o->type, "' is not one of f32, f16, bf16, q8_0, q4_k, q5_k, q6_k, q4_k_m");
             s.type = *t;
+            s.q4_k_m = mix;
             s.seed = o->seed;
             s.tie_embeddings = o->tie;
             synth::write(s, o->out, [](std::size_t i, std::size_t n) {

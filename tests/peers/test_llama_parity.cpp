@@ -50,7 +50,14 @@ std::string ids_string(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
     return s;
 }
 
-void compare(const std::string& name, const synth::spec& spec, std::int64_t n_prompt) {
+// rel_tol: max |logit diff| / max |logit| over all rows; row0_tol: the same for the first row.
+// min_same_prefix: greedy tokens that must agree from the start (32 = all). Quantized weights
+// round activations per block (Q8_0 / Q8_K) exactly as the peer does, so rows agree to ~1e-7
+// until one activation lands on a rounding boundary on which the two summation orders
+// disagree; from there the difference is a quantization step (~1e-2) and it propagates through
+// the recurrent state. Row 0 is therefore the tight check of the kernels and block layouts.
+void compare(const std::string& name, const synth::spec& spec, std::int64_t n_prompt, float rel_tol = 1e-4f,
+             int min_same_prefix = 32, float row0_tol = 1e-4f) {
     CAPTURE(name);
     const std::string model = testutil::synth_file("peer_" + name + ".gguf", spec);
     const std::string ids = ids_string(n_prompt, spec.n_vocab - 7, std::hash<std::string>{}(name));
@@ -63,9 +70,45 @@ void compare(const std::string& name, const synth::spec& spec, std::int64_t n_pr
     REQUIRE(a.size() == std::size_t(n_prompt * spec.n_vocab));
     const float rel = testutil::max_abs_diff(a.data(), b.data(), a.size()) / testutil::max_abs(b);
     MESSAGE(name << ": max |logit diff| / max |logit| = " << rel);
-    CHECK(rel < 1e-4f);
+    CHECK(rel < rel_tol);
+    const float rel0 = testutil::max_abs_diff(a.data(), b.data(), std::size_t(spec.n_vocab)) / testutil::max_abs(b);
+    MESSAGE(name << ": first row: " << rel0);
+    CHECK(rel0 < row0_tol);
     const std::string our_gen = run(std::string(CLOVER_CLI) + " generate -m " + model + " --ids " + ids + " -n 32 --greedy --ignore-eos");
-    CHECK(our_gen == peer_gen);
+    if (min_same_prefix >= 32) {
+        CHECK(our_gen == peer_gen);
+    } else {
+        std::stringstream sa(our_gen), sb(peer_gen);
+        std::string ta, tb;
+        int same = 0;
+        while (std::getline(sa, ta, ',') && std::getline(sb, tb, ',') && ta == tb) ++same;
+        MESSAGE(name << ": " << same << " of 32 greedy tokens agree from the start");
+        CHECK(same >= min_same_prefix);
+    }
+}
+
+// Quantized weights: the longer prompt within a few quantization steps (see compare), and
+// single-token prompts, where a rounding flip is rare, to rounding: at least 5 of 10 must
+// agree to 1e-5 of max |logit| (an exact-rounding engine gets ~1e-7; a wrong block layout or
+// kernel gets ~1e-1 on every one). Observed: Q8_0 6 of 10 (it flips more often), Q4_K_M 9,
+// Q4_K/Q5_K/Q6_K 10 of 10.
+void compare_quantized(const std::string& name, const synth::spec& spec) {
+    compare(name, spec, 24, 0.5f, 0, 1.f);
+    const std::string model = testutil::tmp("peer_" + name + ".gguf");
+    int tight = 0;
+    for (int k = 0; k < 10; ++k) {
+        const std::string id = std::to_string((k * 131 + 17) % (spec.n_vocab - 7));
+        const std::string ours = testutil::tmp("peer_" + name + "_1_clover.f32"), theirs = testutil::tmp("peer_" + name + "_1_llama.f32");
+        run(std::string(CLOVER_CLI) + " logits -m " + model + " --ids " + id + " -o " + ours);
+        run(std::string(CLOVER_LLAMA_PEER) + " -m " + model + " --ids " + id + " -o " + theirs);
+        const auto a = read_f32(ours), b = read_f32(theirs);
+        REQUIRE(a.size() == b.size());
+        const float rel = testutil::max_abs_diff(a.data(), b.data(), a.size()) / testutil::max_abs(b);
+        CHECK(rel < 0.5f);
+        tight += rel < 1e-5f;
+    }
+    MESSAGE(name << ": " << tight << " of 10 single-token prompts agree to 1e-5");
+    CHECK(tight >= 5);
 }
 
 }  // namespace
@@ -99,5 +142,25 @@ TEST_CASE("llama.cpp parity: logits at every position and 32 greedy tokens (F32 
         s.n_expert = 16; s.n_expert_used = 4; s.n_ff_exp = 32; s.n_ff_shexp = 32;
         s.seed = 3;
         compare("wide", s, 150);
+    }
+}
+
+TEST_CASE("llama.cpp parity on quantized weights: Q8_0, Q4_K_M (Q4_K + Q6_K), Q4_K, Q5_K, Q6_K, and F32 of the same shape") {
+    // Every matrix width a multiple of 256, so the K-quants apply to all of them (narrower
+    // rows fall back to Q8_0); 8 layers, so the Q4_K_M mix puts Q6_K on layers 0, 3, 6, 7.
+    synth::spec s;
+    s.preset = "k256";
+    s.n_vocab = 1000; s.n_embd = 256; s.n_layer = 8; s.interval = 4;
+    s.n_head = 2; s.n_head_kv = 1; s.head_dim = 128; s.n_rot = 32; s.sections = {6, 5, 5, 0};
+    s.rope_theta = 1000.f;
+    s.ssm_conv = 4; s.ssm_d_state = 32; s.ssm_n_group = 4; s.ssm_dt_rank = 8; s.ssm_d_inner = 256;
+    s.n_expert = 8; s.n_expert_used = 2; s.n_ff_exp = 256; s.n_ff_shexp = 256;
+    s.seed = 5;
+    for (auto [name, t, mix] : {std::tuple{"f32", dtype::f32, false}, {"q8_0", dtype::q8_0, false}, {"q4_k_m", dtype::q4_k, true},
+                                {"q4_k", dtype::q4_k, false}, {"q5_k", dtype::q5_k, false}, {"q6_k", dtype::q6_k, false}}) {
+        s.type = t;
+        s.q4_k_m = mix;
+        if (t == dtype::f32) compare(std::string("k256_") + name, s, 24);
+        else compare_quantized(std::string("k256_") + name, s);
     }
 }

@@ -27,6 +27,7 @@ struct spec {
     std::int64_t ssm_conv = 4, ssm_d_state = 16, ssm_n_group = 2, ssm_dt_rank = 4, ssm_d_inner = 64;
     std::int64_t n_expert = 8, n_expert_used = 2, n_ff_exp = 32, n_ff_shexp = 32;
     dtype type = dtype::f32;   // matrices; vectors are always F32
+    bool q4_k_m = false;       // type = Q4_K with llama.cpp's Q4_K_M mix (detail::mix_type)
     std::uint64_t seed = 42;
     bool tie_embeddings = false;
 };
@@ -106,6 +107,34 @@ inline void vocab(std::int64_t n_vocab, std::vector<std::string>& tokens, std::v
     }
 }
 
+// A K-quant needs rows of whole 256-blocks. llama.cpp falls back to Q5_0/Q5_1/Q8_0 for Q4_K/Q5_K/Q6_K
+// on narrower rows; we have no Q5_0/Q5_1, so every K-quant falls back to Q8_0 (then F16).
+inline dtype fit_type(dtype t, std::int64_t cols) {
+    if (cols % quant::row_granule(t) == 0) return t;
+    return cols % 32 == 0 ? dtype::q8_0 : dtype::f16;
+}
+
+// llama.cpp's "more bits" layers (llama_tensor_get_type_impl in src/llama-quant.cpp of the
+// v0.5.0 source bundle): the first and last eighth, and every third layer in between.
+constexpr bool use_more_bits(std::int64_t i, std::int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+// The Q4_K_M mix as llama.cpp applies it to a qwen35moe model (same source):
+//   output.weight (and token_embd when tied) -> Q6_K;
+//   attn_v / attn_qkv (one counter over both, in file order: GDN layers have attn_qkv, which
+//     llama.cpp counts as "attention-v-like") -> Q6_K where use_more_bits(counter, total);
+//   ffn_down* (ffn_down_exps and ffn_down_shexp) -> Q6_K where use_more_bits(layer, n_layer);
+//   ffn_gate_inp (the router) is never quantized (F32, as the converter writes it);
+//   everything else Q4_K. (The 8-expert-only rules do not apply: 256 experts.)
+inline dtype mix_type(const spec& s, const std::string& name, std::int64_t layer, std::int64_t wv_index) {
+    if (!s.q4_k_m) return s.type;
+    auto has = [&](const char* k) { return name.find(k) != std::string::npos; };
+    if (name == "output.weight" || (s.tie_embeddings && name == "token_embd.weight")) return dtype::q6_k;
+    if (has("ffn_gate_inp.weight")) return dtype::f32;
+    if (has("attn_v.weight") || has("attn_qkv.weight")) return use_more_bits(wv_index, s.n_layer) ? dtype::q6_k : dtype::q4_k;
+    if (has("ffn_down")) return use_more_bits(layer, s.n_layer) ? dtype::q6_k : dtype::q4_k;
+    return dtype::q4_k;
+}
+
 }  // namespace detail
 
 // Writes the model to `out`. progress(i, n) after each tensor.
@@ -118,7 +147,9 @@ inline void write(const spec& s, const std::filesystem::path& out,
     const std::string p = s.arch + ".";
     w.set_string("general.architecture", s.arch);
     w.set_string("general.name", "clover-synth-" + s.preset);
-    w.set_u32("general.file_type", s.type == dtype::f32 ? 0 : s.type == dtype::f16 ? 1 : s.type == dtype::q8_0 ? 7 : 32);
+    // llama_ftype: F32 0, F16 1, Q8_0 7, Q4_K_S 14 (pure Q4_K), Q4_K_M 15, Q5_K_S 16, Q6_K 18, BF16 32
+    w.set_u32("general.file_type", s.q4_k_m ? 15 : s.type == dtype::f32 ? 0 : s.type == dtype::f16 ? 1 : s.type == dtype::q8_0 ? 7
+                                   : s.type == dtype::q4_k ? 14 : s.type == dtype::q5_k ? 16 : s.type == dtype::q6_k ? 18 : 32);
     w.set_u32(p + "block_count", std::uint32_t(s.n_layer));
     w.set_u32(p + "context_length", 262144);
     w.set_u32(p + "embedding_length", std::uint32_t(s.n_embd));
@@ -164,6 +195,7 @@ inline void write(const spec& s, const std::filesystem::path& out,
     // Each tensor gets its own seed (seed, tensor index), so files of different types share values.
     std::uint64_t tensor_no = 0;
     auto add = [&](const std::string& name, std::vector<std::int64_t> ne, dtype t, std::function<float(rng&)> gen) {
+        t = detail::fit_type(t, ne[0]);
         const std::uint64_t seed = s.seed * 1000003ull + tensor_no++;
         w.add_tensor(name, t, ne, [=](std::span<std::byte> dst) {
             rng r(seed);
@@ -176,19 +208,23 @@ inline void write(const spec& s, const std::filesystem::path& out,
             }
         });
     };
+    std::int64_t layer = -1, wv_index = 0;  // for the Q4_K_M mix
     auto mat = [&](const std::string& name, std::vector<std::int64_t> ne) {
         const float a = std::sqrt(3.f / float(ne[0]));  // unit-variance outputs for unit inputs
-        add(name, ne, s.type, [a](rng& r) { return r.uniform(-a, a); });
+        const dtype t = detail::mix_type(s, name, layer, wv_index);
+        if (name.find("attn_v.weight") != std::string::npos || name.find("attn_qkv.weight") != std::string::npos) ++wv_index;
+        add(name, ne, t, [a](rng& r) { return r.uniform(-a, a); });
     };
     auto vec = [&](const std::string& name, std::vector<std::int64_t> ne, float lo, float hi) {
         add(name, ne, dtype::f32, [lo, hi](rng& r) { return r.uniform(lo, hi); });
     };
     const std::int64_t E = s.n_embd, Vv = s.n_vocab, hd = s.head_dim;
     const std::int64_t C = 2 * s.ssm_n_group * s.ssm_d_state + s.ssm_d_inner, Hv = s.ssm_dt_rank;
-    add("token_embd.weight", {E, Vv}, s.type, [](rng& r) { return r.uniform(-1.f, 1.f); });
+    add("token_embd.weight", {E, Vv}, detail::mix_type(s, "token_embd.weight", -1, 0), [](rng& r) { return r.uniform(-1.f, 1.f); });
     vec("output_norm.weight", {E}, 0.8f, 1.2f);
     if (!s.tie_embeddings) mat("output.weight", {E, Vv});
     for (std::int64_t il = 0; il < s.n_layer; ++il) {
+        layer = il;
         const std::string b = "blk." + std::to_string(il) + ".";
         vec(b + "attn_norm.weight", {E}, 0.8f, 1.2f);
         vec(b + "post_attention_norm.weight", {E}, 0.8f, 1.2f);
