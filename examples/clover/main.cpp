@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cmd_bench.hpp"
 #include "cmd_convert.hpp"
 #include "cmd_gguf.hpp"
 #include "cmd_model.hpp"
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
     clover::cli::add_model_commands(app);
     clover::cli::add_gguf_commands(app);
     clover::cli::add_convert_commands(app);
+    clover::cli::add_bench_commands(app);
     try {
         std::string names;
         bool known = false;

@@ -1,0 +1,145 @@
+// bench_kernels: the matmul kernels of backend::cpu one by one, per weight type, single thread:
+//   gemv — one activation row against a matrix larger than the caches (decode): weight GB/s;
+//   gemm — 64 activation rows against a matrix that fits L2 (prefill tiles): GMAC/s;
+// for the scalar twin, the AVX2 tiles and the AVX-512 tiles (whichever this build compiled).
+// Times are the thread's CPU time (see now_s).
+// The README's kernel table comes from this program. Medians of -r repetitions.
+//
+//   bench_kernels [-r 5] [--types q8_0,q4_k,...] [--json]
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <clover/backend/cpu/cpu.hpp>
+#include <clover/core/rng.hpp>
+#include <clover/quant/rows.hpp>
+
+using namespace clover;
+namespace cd = clover::backend::cpu_detail;
+
+namespace {
+
+// Thread CPU time, not wall time: the machine is shared, and a time slice lost to another
+// process must not count against a kernel (memory stalls still do: they are CPU time).
+double now_s() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+struct variant_k {
+    std::string isa;
+    cd::kernel_set ks;
+};
+
+// The tile sets compiled into this binary for weight type t.
+std::vector<variant_k> variants_of(dtype t) {
+    std::vector<variant_k> v;
+    v.push_back({"scalar", cd::kernels_for(t, true)});
+#if CLOVER_CPU_AVX2
+    {
+        cd::kernel_set ks = cd::kernels_for(t, true);
+        bool ok = true;
+        switch (t) {
+            case dtype::q8_0: cd::fill_tiles<cd::q8_0_256>(ks); ks.act = cd::kernel_set::prep::q8_0_std; break;
+            case dtype::q4_k: cd::fill_tiles<cd::q4_k_256>(ks); ks.act = cd::kernel_set::prep::q8_k_ext; break;
+            case dtype::q5_k: cd::fill_tiles<cd::q5_k_256>(ks); ks.act = cd::kernel_set::prep::q8_k_ext; break;
+            case dtype::q6_k: cd::fill_tiles<cd::q6_k_256>(ks); ks.act = cd::kernel_set::prep::q8_k_ext; break;
+            case dtype::f32: cd::fill_tiles<cd::float_k_isa<cd::avx2, cd::wfloat::f32>::k>(ks); ks.act = cd::kernel_set::prep::f32_exact; break;
+            case dtype::f16: cd::fill_tiles<cd::float_k_isa<cd::avx2, cd::wfloat::f16>::k>(ks); ks.act = cd::kernel_set::prep::f16_round; break;
+            case dtype::bf16: cd::fill_tiles<cd::float_k_isa<cd::avx2, cd::wfloat::bf16>::k>(ks); ks.act = cd::kernel_set::prep::bf16_round; break;
+            default: ok = false;
+        }
+        if (ok) v.push_back({"AVX2", ks});
+    }
+#endif
+#if CLOVER_CPU_AVX512
+    v.push_back({cd::isa_name(), cd::kernels_for(t)});
+#endif
+    return v;
+}
+
+struct matrix {
+    std::vector<std::byte> bytes;
+    weight w;
+    matrix(dtype t, std::int64_t rows, std::int64_t cols) {
+        rng r(5);
+        std::vector<float> row(std::size_t(cols), 0.f);
+        const std::size_t rb = quant::row_bytes(t, cols);
+        bytes.resize(rb * std::size_t(rows));
+        for (std::int64_t i = 0; i < rows; ++i) {
+            for (auto& x : row) x = r.uniform(-1.f, 1.f);
+            quant::quantize_row(t, row.data(), bytes.data() + std::size_t(i) * rb, cols);
+        }
+        w.data = bytes.data(); w.type = t; w.cols = cols; w.rows = rows; w.row_bytes = rb; w.name = "bench";
+    }
+};
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int reps = 5;
+    bool json = false;
+    std::vector<dtype> types = {dtype::q8_0, dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::bf16, dtype::f16, dtype::f32};
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "-r" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+        else if (a == "--json") json = true;
+        else if (a == "--types" && i + 1 < argc) {
+            types.clear();
+            std::string s = argv[++i];
+            for (std::size_t p = 0; p <= s.size();) {
+                const std::size_t c = std::min(s.find(',', p), s.size());
+                if (auto t = dtype_from_name(s.substr(p, c - p))) types.push_back(*t);
+                p = c + 1;
+            }
+        } else { std::fprintf(stderr, "usage: bench_kernels [-r 5] [--types q8_0,q4_k,...] [--json]\n"); return 1; }
+    }
+    const std::int64_t K = 2048;
+    if (!json) std::printf("| type | ISA | gemv GB/s (1 row) | gemm GMAC/s (64 rows) |\n|---|---|---|---|\n");
+    for (dtype t : types) {
+        // decode: ~512 MiB of weights (far beyond the caches); prefill: 256 rows (fits L2)
+        const std::int64_t rows_big = std::int64_t((512ull << 20) / quant::row_bytes(t, K)) / 4 * 4;
+        matrix big(t, rows_big, K), small(t, 256, K);
+        rng r(9);
+        std::vector<float> x(std::size_t(64 * K));
+        for (auto& v : x) v = r.uniform(-1.f, 1.f);
+        for (const auto& var : variants_of(t)) {
+            const bool scalar = var.isa == "scalar";
+            const std::size_t stride = cd::act_row_bytes(var.ks.act, K);
+            cd::aligned_buffer ab;
+            std::byte* a = ab.get(stride * 64);
+            cd::prep_scratch ps;
+            for (int c = 0; c < 64; ++c) cd::prepare_row(var.ks.act, x.data() + c * K, a + c * stride, K, ps);
+            const cd::act_view av{a, stride, 64};
+            std::vector<float> y(std::size_t(std::max<std::int64_t>(rows_big, 256) * 64));
+            // gemv over the big matrix (the scalar twin over a slice: it is slow)
+            const std::int64_t gemv_rows = scalar ? rows_big / 16 : rows_big;
+            std::vector<double> gbs, gmacs;
+            for (int rep = 0; rep < reps; ++rep) {
+                const double t0 = now_s();
+                cd::gemm_block(var.ks, big.w, 0, gemv_rows, av, 0, 1, y.data(), big.w.rows);
+                gbs.push_back(double(gemv_rows) * double(big.w.row_bytes) / (now_s() - t0) / 1e9);
+                const int inner = scalar ? 1 : 8;
+                const double t1 = now_s();
+                for (int k = 0; k < inner; ++k) cd::gemm_block(var.ks, small.w, 0, 256, av, 0, 64, y.data(), 256);
+                gmacs.push_back(double(inner) * 256.0 * 64.0 * double(K) / (now_s() - t1) / 1e9);
+            }
+            if (json)
+                std::printf("{\"type\":\"%s\",\"isa\":\"%s\",\"gemv_gbs\":%.2f,\"gemm_gmacs\":%.2f}\n", std::string(dtype_name(t)).c_str(),
+                            var.isa.c_str(), median(gbs), median(gmacs));
+            else
+                std::printf("| %s | %s | %.2f | %.2f |\n", std::string(dtype_name(t)).c_str(), var.isa.c_str(), median(gbs), median(gmacs));
+            std::fflush(stdout);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,109 @@
+// membw: this machine's memory read bandwidth, the roofline of batch-1 generation (every token
+// streams the active weights once). Each thread sums its own slice of a buffer much larger than
+// the caches (default 2 GiB) with wide vector loads; the best of -r repetitions is reported per
+// thread count, as GB/s (1e9 bytes). A second mode reads a GGUF file's pages through mmap the
+// way the engines do (--file), once the page cache holds it.
+//
+//   membw [-t 1,2] [-r 5] [--mib 2048] [--json]
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Sum of n bytes (n % 256 == 0) as 64-bit words; the result is used so the loads stay.
+std::uint64_t read_sum(const std::uint8_t* p, std::size_t n) {
+#if defined(__AVX512F__)
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (std::size_t i = 0; i < n; i += 256) {
+        a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
+        a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + i + 64));
+        a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + i + 128));
+        a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + i + 192));
+    }
+    return std::uint64_t(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
+#else
+    std::uint64_t s[4] = {0, 0, 0, 0};
+    for (std::size_t i = 0; i < n; i += 32) {
+        std::uint64_t w[4];
+        std::memcpy(w, p + i, 32);
+        for (int k = 0; k < 4; ++k) s[k] += w[k];
+    }
+    return s[0] + s[1] + s[2] + s[3];
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::vector<int> threads = {1, 2};
+    int reps = 5;
+    std::size_t mib = 2048;
+    bool json = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto next = [&]() -> std::string {
+            if (i + 1 >= argc) { std::fprintf(stderr, "membw: missing value after %s\n", a.c_str()); std::exit(1); }
+            return argv[++i];
+        };
+        if (a == "-t") {
+            threads.clear();
+            std::string s = next();
+            for (std::size_t p = 0; p <= s.size();) {
+                const std::size_t c = std::min(s.find(',', p), s.size());
+                threads.push_back(std::max(1, std::atoi(s.substr(p, c - p).c_str())));
+                p = c + 1;
+            }
+        } else if (a == "-r") reps = std::max(1, std::atoi(next().c_str()));
+        else if (a == "--mib") mib = std::size_t(std::max(64, std::atoi(next().c_str())));
+        else if (a == "--json") json = true;
+        else { std::fprintf(stderr, "membw: unknown argument %s (usage: membw [-t 1,2] [-r 5] [--mib 2048] [--json])\n", a.c_str()); return 1; }
+    }
+    const std::size_t bytes = mib << 20;
+    auto* buf = static_cast<std::uint8_t*>(std::aligned_alloc(4096, bytes));
+    if (!buf) { std::fprintf(stderr, "membw: cannot allocate %zu MiB\n", mib); return 1; }
+    for (std::size_t i = 0; i < bytes; i += 4096) std::memset(buf + i, int(i >> 12), 4096);  // fault every page in
+    std::atomic<std::uint64_t> sink{0};
+    for (int nt : threads) {
+        double best = 0;
+        std::vector<double> all;
+        for (int r = 0; r < reps; ++r) {
+            std::vector<std::thread> ts;
+            std::atomic<int> ready{0};
+            std::atomic<bool> go{false};
+            const std::size_t slice = bytes / std::size_t(nt) / 256 * 256;
+            for (int t = 0; t < nt; ++t)
+                ts.emplace_back([&, t] {
+                    ++ready;
+                    while (!go.load()) {}
+                    sink += read_sum(buf + std::size_t(t) * slice, slice);
+                });
+            while (ready.load() < nt) {}
+            const double t0 = now_s();
+            go = true;
+            for (auto& t : ts) t.join();
+            const double gbs = double(slice * std::size_t(nt)) / (now_s() - t0) / 1e9;
+            all.push_back(gbs);
+            best = std::max(best, gbs);
+        }
+        std::sort(all.begin(), all.end());
+        const double median = all[all.size() / 2];
+        if (json) std::printf("{\"test\":\"membw_read\",\"threads\":%d,\"best_gbs\":%.2f,\"median_gbs\":%.2f,\"mib\":%zu}\n", nt, best, median, mib);
+        else std::printf("read bandwidth, %d thread(s): best %.2f GB/s, median %.2f GB/s (%zu MiB, %d reps)\n", nt, best, median, mib, reps);
+    }
+    std::free(buf);
+    return sink.load() == 42 ? 2 : 0;
+}
