@@ -166,11 +166,17 @@ std::uint64_t fuzz_seed() {
 }
 
 // Compares our ids with the oracle's; reports the first few differences in full.
-void compare_all(const std::vector<std::string>& texts, bool no_special, const std::string& tag) {
-    auto expected = js_ids(texts, no_special, tag);
+void compare_all(const std::vector<std::string>& texts, bool no_special, const std::string& tag,
+                 const tokenizer* tok = nullptr, const std::vector<std::string>& extra_flags = {}) {
+    if (!tok) tok = &qwen3();
+    std::vector<std::string> flags = extra_flags;
+    if (no_special) flags.push_back("--no-special");
+    json j = node_oracle(texts, flags, tag);
+    std::vector<std::vector<std::int32_t>> expected;
+    for (auto& x : j) expected.push_back(x.get<std::vector<std::int32_t>>());
     std::size_t bad = 0;
     for (std::size_t i = 0; i < texts.size(); ++i) {
-        auto got = qwen3().encode(texts[i], {.parse_special = !no_special});
+        auto got = tok->encode(texts[i], {.parse_special = !no_special});
         if (std::vector<std::int32_t>(got.begin(), got.end()) != expected[i] && bad++ < 8)
             FAIL_CHECK("text ", i, " ", show(texts[i]), "\n  js:    ", show_ids(expected[i]), "\n  ours:  ", show_ids(got));
     }
@@ -210,6 +216,31 @@ TEST_CASE("ids equal the JS encoder for every code point in context") {
         texts.push_back("x" + c + " " + c + c + "'s " + c + "1\n" + c + "!");
     }
     compare_all(texts, false, "code-points");
+}
+
+TEST_CASE("the Qwen3.5 split (\\p{M}) equals the JS encoder running that pattern") {
+    require_peers();
+    // No Qwen3.5 tokenizer ships with the peers, so the oracle runs the Qwen3.5 pattern over the
+    // Qwen3 vocabulary (encode.mjs --qwen35-split), and so do we — from tokenizer.json and from
+    // a GGUF that says tokenizer.ggml.pre = "qwen35".
+    auto spec = tok::read_tokenizer_json_spec(qwen3_json);
+    spec.pre = "qwen35";
+    tokenizer t35(spec);
+    io::gguf_writer w;
+    tok::write_gguf_spec(spec, w);
+    auto path = toktest::tmp("qwen35_split.gguf");
+    w.write(path);
+    tokenizer g35 = tokenizer::from_file(path);
+    CHECK(g35.pre_name() == "qwen35");
+    auto texts = fixture_texts();
+    auto more = random_texts(fuzz_seed() + 5, 3000);
+    texts.insert(texts.end(), more.begin(), more.end());
+    compare_all(texts, false, "qwen35-split", &t35, {"--qwen35-split"});
+    compare_all(texts, false, "qwen35-split-gguf", &g35, {"--qwen35-split"});
+    std::size_t differ = 0;  // the pattern matters: many of these texts split differently from Qwen3's
+    for (auto& x : more) differ += t35.encode(x) != qwen3().encode(x);
+    MESSAGE(differ, " of ", more.size(), " random texts give other ids with the Qwen3.5 split");
+    CHECK(differ > more.size() / 10);
 }
 
 TEST_CASE("NFC equals node's String.prototype.normalize") {

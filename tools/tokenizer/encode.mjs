@@ -7,6 +7,8 @@
 //     IN.json: a JSON array of strings; prints (or writes) a JSON array of id arrays.
 //     --no-special: control tokens (special: true) are not recognised in the text, which is
 //       what `clover tokenize --no-special` does; built by dropping them from added_tokens.
+//     --qwen35-split: the Qwen3.5 pre-tokenizer pattern (adds \p{M}) in place of Qwen3's, over
+//       the same vocabulary: the oracle for the qwen35 split, as no Qwen3.5 tokenizer ships.
 //   node tools/tokenizer/encode.mjs --nfc IN.json [OUT.json]
 //     prints each string's String.prototype.normalize("NFC") instead (the NFC oracle).
 //   node tools/tokenizer/encode.mjs [--peers DIR] --bench FILE [--repeat N]
@@ -18,12 +20,13 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 
 const args = process.argv.slice(2);
 let peers = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../.peers");
-let noSpecial = false, bench = null, repeat = 1, nfcOnly = false;
+let noSpecial = false, bench = null, repeat = 1, nfcOnly = false, qwen35Split = false;
 const files = [];
 for (let i = 0; i < args.length; i++) {
   if (args[i] === "--peers") peers = path.resolve(args[++i]);
   else if (args[i] === "--no-special") noSpecial = true;
   else if (args[i] === "--nfc") nfcOnly = true;
+  else if (args[i] === "--qwen35-split") qwen35Split = true;
   else if (args[i] === "--bench") bench = args[++i];
   else if (args[i] === "--repeat") repeat = Number(args[++i]);
   else files.push(args[i]);
@@ -57,10 +60,15 @@ try {
 }
 const mod = await import(pathToFileURL(entry.replace(/main\.js$/, "main.mjs")).href);
 const { fromPreTrained, tokenizerJSON } = mod;
+const QWEN35_PATTERN = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 let params;
-if (noSpecial) {
+if (noSpecial || qwen35Split) {
   const json = JSON.parse(JSON.stringify(tokenizerJSON.default ?? tokenizerJSON));
-  json.added_tokens = json.added_tokens.filter((t) => !t.special);
+  if (noSpecial) json.added_tokens = json.added_tokens.filter((t) => !t.special);
+  if (qwen35Split) {
+    const split = json.pre_tokenizer.pretokenizers.find((p) => p.type === "Split");
+    split.pattern.Regex = QWEN35_PATTERN;
+  }
   params = { tokenizerJSON: json };
 }
 const tok = fromPreTrained(params);
