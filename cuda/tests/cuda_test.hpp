@@ -10,15 +10,9 @@
 
 #include "../../tests/common/test_util.hpp"
 
-namespace cudatest {
+#include "cuda_test_count.hpp"
 
-inline int& count() {
-    static int n = 0;
-    return n;
-}
-struct counter {
-    counter() { ++count(); }
-};
+namespace cudatest {
 
 // A device copy of a host vector.
 template <class T>
@@ -60,6 +54,3 @@ inline clover::synth::spec kquant_tiny(clover::dtype t) {
 
 }  // namespace cudatest
 
-#define CUDA_TEST_CASE(name) \
-    static cudatest::counter DOCTEST_ANONYMOUS(cuda_test_counter_); \
-    TEST_CASE(name)

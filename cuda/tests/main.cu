@@ -1,9 +1,11 @@
 // tests_cuda's main: runs the doctest suite when a CUDA device is present; otherwise says so and
 // exits 0, so CI (no GPU) passes after compiling every CUDA target.
 #define DOCTEST_CONFIG_IMPLEMENT
-#include "cuda_test.hpp"
+#include "cuda_test_count.hpp"
 
 #include <cstdio>
+
+#include <clover/backend/cuda/runtime.cuh>
 
 int main(int argc, char** argv) {
     const int n = clover::backend::cuda_detail::device_count();

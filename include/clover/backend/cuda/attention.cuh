@@ -36,6 +36,7 @@ static __global__ void __launch_bounds__(attn_warps * 32) attention_kernel(attn_
     const float* q = a.q + (t * a.H + h) * a.hd;
     const int per_lane = int((a.hd + 31) / 32);
     float qr[attn_max_dims_per_lane], acc[attn_max_dims_per_lane];
+#pragma unroll
     for (int d = 0; d < attn_max_dims_per_lane; ++d) {
         const std::int64_t i = lane + 32 * d;
         qr[d] = d < per_lane && i < a.hd ? q[i] : 0.f;
@@ -47,16 +48,20 @@ static __global__ void __launch_bounds__(attn_warps * 32) attention_kernel(attn_
         const float* kj = j < na ? a.ka + j * a.stride_a + kvh * a.hd : a.kb + (j - na) * a.stride_b + kvh * a.hd;
         const float* vj = j < na ? a.va + j * a.stride_a + kvh * a.hd : a.vb + (j - na) * a.stride_b + kvh * a.hd;
         float s = 0.f;
-        for (int d = 0; d < per_lane; ++d) {
+        // Constant trip counts (guarded) keep qr/acc in registers; a loop bounded by per_lane
+        // would put them in local memory (ptxas: 128-byte stack frame).
+#pragma unroll
+        for (int d = 0; d < attn_max_dims_per_lane; ++d) {
             const std::int64_t i = lane + 32 * d;
-            if (i < a.hd) s += qr[d] * kj[i];
+            if (d < per_lane && i < a.hd) s += qr[d] * kj[i];
         }
         s = warp_sum(s) * a.scale;
         const float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
         l = l * corr + p;
-        for (int d = 0; d < per_lane; ++d) {
+#pragma unroll
+        for (int d = 0; d < attn_max_dims_per_lane; ++d) {
             const std::int64_t i = lane + 32 * d;
-            acc[d] = acc[d] * corr + (i < a.hd ? p * vj[i] : 0.f);
+            if (d < per_lane) acc[d] = acc[d] * corr + (i < a.hd ? p * vj[i] : 0.f);
         }
         m = mn;
     }
@@ -67,7 +72,9 @@ static __global__ void __launch_bounds__(attn_warps * 32) attention_kernel(attn_
         sm[warp] = m;
         sl[warp] = l;
     }
-    for (int d = 0; d < per_lane; ++d) sacc[warp][lane + 32 * d] = acc[d];
+#pragma unroll
+    for (int d = 0; d < attn_max_dims_per_lane; ++d)
+        if (d < per_lane) sacc[warp][lane + 32 * d] = acc[d];
     __syncthreads();
     float M = -INFINITY;
     for (int w = 0; w < attn_warps; ++w) M = fmaxf(M, sm[w]);
