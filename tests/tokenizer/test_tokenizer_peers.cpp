@@ -367,7 +367,7 @@ TEST_CASE("fuzz: random bytes, ill-formed UTF-8 and long runs never crash and ro
     }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     MESSAGE("long runs: ", secs, " s");
-    CHECK(secs < 60);
+    CHECK(secs < 180);  // generous for sanitizer builds; a quadratic step would take hours
 }
 
 TEST_CASE("clover tokenize / detokenize equal the JS encoder") {

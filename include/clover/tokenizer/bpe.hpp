@@ -122,6 +122,12 @@ public:
             if (slots_[i].rank != none) continue;  // a repeated merge keeps its first (lowest) rank
             slots_[i] = {key, std::uint32_t(r), m};
         }
+        // The first round of every piece looks up pairs of byte tokens: a dense 256×256 table
+        // (512 KiB, cache-resident) answers those without touching the large hash.
+        byte_pairs_.assign(256 * 256, pair_rank{});
+        for (unsigned a = 0; a < 256; ++a)
+            for (unsigned b = 0; b < 256; ++b)
+                if (const slot* sl = find(byte_ids_[a], byte_ids_[b])) byte_pairs_[a * 256 + b] = {sl->rank, sl->merged};
     }
 
     // Appends the ids of one piece.
@@ -188,7 +194,11 @@ private:
             rk[i] = s ? s->rank : none;
             mg[i] = s ? s->merged : -1;
         };
-        for (std::size_t i = 0; i + 1 < n; ++i) pair_at(i);
+        for (std::size_t i = 0; i + 1 < n; ++i) {
+            const pair_rank& p = byte_pairs_[static_cast<unsigned char>(piece[i]) * 256u + static_cast<unsigned char>(piece[i + 1])];
+            rk[i] = p.rank;
+            mg[i] = p.merged;
+        }
         while (n > 1) {
             std::size_t best = 0;
             for (std::size_t i = 1; i + 1 < n; ++i)
@@ -308,6 +318,11 @@ private:
 
     std::uint64_t instance_ = 0;
     std::int32_t byte_ids_[256] = {};
+    struct pair_rank {
+        std::uint32_t rank = none;
+        std::int32_t merged = -1;
+    };
+    std::vector<pair_rank> byte_pairs_;  // [a * 256 + b]: merging the tokens of bytes a and b
     std::vector<slot> slots_;
     std::size_t mask_ = 0;
 };
