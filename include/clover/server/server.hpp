@@ -1,0 +1,432 @@
+#pragma once
+// `clover serve` as a library: an OpenAI-compatible HTTP server over one model.
+//
+//   clover::server::server srv(model, tokenizer, {.port = 0});
+//   int port = srv.start();   // bound (0: an ephemeral port); serving on background threads
+//   ...
+//   srv.stop();
+//
+// Endpoints: POST /v1/chat/completions, POST /v1/completions (each streaming as SSE or not),
+// GET /v1/models, GET /health. HTTP connections are served by a thread pool; generations run
+// one at a time on a single model thread that takes requests from a FIFO queue, so outputs
+// never mix and each request sees the model alone. A streaming client that goes away is
+// noticed at the next write (tokens, or keep-alive comments while it waits in the queue) and
+// its generation is cancelled: the token callback returns false and the model moves on.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdint>
+#include <ctime>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "clover/server/protocol.hpp"
+#include "clover/server/response.hpp"
+#include "clover/server/sse.hpp"
+
+// After the library's headers: httplib pulls in <resolv.h>, whose `_res` macro breaks Eigen's
+// templates when they come later.
+#include <httplib.h>
+
+namespace clover::server {
+
+struct counters {
+    std::int64_t requests = 0;   // completion requests accepted into the queue
+    std::int64_t completed = 0;  // generations that ran to their end
+    std::int64_t cancelled = 0;  // generations stopped (or skipped) because the client went away
+    std::int64_t rejected = 0;   // 4xx / 503 answers to completion requests
+    std::int64_t queued = 0;     // waiting now
+    bool busy = false;           // a generation is running now
+};
+
+template <class Model>
+class basic_server {
+public:
+    basic_server(Model& m, const tokenizer& tok, options o = {}) : model_(m), tok_(tok), opt_(std::move(o)) {
+        fmt_ = chat::detect_format(tok_.chat_template());
+        mi_.n_expert = m.hp().n_expert;
+        mi_.diffusion_unavailable = m.diffusion_unavailable();
+        if (opt_.ctx < 2) fail("serve: the context must hold at least 2 tokens");
+        if (opt_.decoder != "ar" && !mi_.diffusion_unavailable.empty())
+            fail("serve: decoder '", opt_.decoder, "' needs block diffusion, which this model cannot run: ", mi_.diffusion_unavailable);
+    }
+    basic_server(const basic_server&) = delete;
+    ~basic_server() { stop(); }
+
+    const options& opts() const { return opt_; }
+    int port() const { return port_; }
+
+    // Binds and starts serving; returns the bound port. Throws clover::error when it cannot bind.
+    int start() {
+        if (svr_) return port_;
+        std::signal(SIGPIPE, SIG_IGN);  // a client that went away must not kill the process
+        svr_ = std::make_unique<httplib::Server>();
+        configure(*svr_);
+        port_ = opt_.port == 0 ? svr_->bind_to_any_port(opt_.host) : (svr_->bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
+        if (port_ <= 0) {
+            svr_.reset();
+            fail("serve: cannot listen on ", opt_.host, ":", opt_.port, " (address in use or not available)");
+        }
+        stopping_ = false;
+        worker_ = std::thread([this] { worker_loop(); });
+        listener_ = std::thread([this] { svr_->listen_after_bind(); });
+        return port_;
+    }
+
+    // Cancels what is queued and running, then stops listening. Idempotent.
+    void stop() {
+        if (!svr_) return;
+        {
+            std::lock_guard lk(mu_);
+            stopping_ = true;
+            for (auto& j : queue_) finish_job(*j, "the server is shutting down");
+            queue_.clear();
+        }
+        cv_.notify_all();
+        if (worker_.joinable()) worker_.join();
+        svr_->stop();
+        if (listener_.joinable()) listener_.join();
+        svr_.reset();
+    }
+
+    counters stats() const {
+        std::lock_guard lk(mu_);
+        counters c = counters_;
+        c.queued = std::int64_t(queue_.size());
+        c.busy = busy_;
+        return c;
+    }
+
+private:
+    struct job {
+        request req;
+        std::mutex mu;
+        std::condition_variable cv;
+        std::vector<token> tokens;  // produced so far (worker appends)
+        bool finished = false;
+        std::string error;
+        decode::generate_stats stats;
+        std::atomic<bool> cancel{false}, client_gone{false};
+    };
+
+    static void finish_job(job& j, const std::string& error) {
+        {
+            std::lock_guard lk(j.mu);
+            j.error = error;
+            j.finished = true;
+        }
+        j.cv.notify_all();
+    }
+
+    // Waits up to `d` for tokens past `seen`; appends them to `out`. True when the job is over
+    // and everything has been taken.
+    static bool wait(job& j, std::size_t& seen, std::vector<token>& out, std::chrono::milliseconds d) {
+        std::unique_lock lk(j.mu);
+        j.cv.wait_for(lk, d, [&] { return j.finished || j.tokens.size() > seen; });
+        out.insert(out.end(), j.tokens.begin() + std::ptrdiff_t(seen), j.tokens.end());
+        seen = j.tokens.size();
+        return j.finished;
+    }
+
+    std::shared_ptr<job> submit(request r) {
+        auto j = std::make_shared<job>();
+        j->req = std::move(r);
+        {
+            std::lock_guard lk(mu_);
+            if (stopping_) throw http_error(503, "the server is shutting down", {}, "server_error");
+            if (queue_.size() >= opt_.max_queue)
+                throw http_error(503, "the server is busy: " + std::to_string(queue_.size()) + " requests are waiting; retry later", {},
+                                 "server_error");
+            queue_.push_back(j);
+            ++counters_.requests;
+        }
+        cv_.notify_all();
+        return j;
+    }
+
+    void worker_loop() {
+        for (;;) {
+            std::shared_ptr<job> j;
+            {
+                std::unique_lock lk(mu_);
+                cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+                if (stopping_) return;
+                j = queue_.front();
+                queue_.pop_front();
+                if (j->client_gone) {
+                    ++counters_.cancelled;
+                    lk.unlock();
+                    finish_job(*j, "cancelled");
+                    continue;
+                }
+                busy_ = true;
+            }
+            decode::generate_stats st;
+            std::string error;
+            try {
+                auto s = model_.new_session({.ctx = j->req.ctx});
+                std::function<bool(token)> cb = [&](token t) {
+                    if (j->cancel || stopping_) return false;
+                    {
+                        std::lock_guard lk(j->mu);
+                        j->tokens.push_back(t);
+                    }
+                    j->cv.notify_all();
+                    return true;
+                };
+                st = std::visit([&](const auto& d) { return decode::generate(model_, s, j->req.prompt, j->req.gen, cb, d); }, j->req.dec);
+            } catch (const std::exception& e) {
+                error = e.what();
+            } catch (...) {
+                error = "unknown error";
+            }
+            {
+                std::lock_guard lk(mu_);
+                busy_ = false;
+                if (j->client_gone) ++counters_.cancelled;
+                else ++counters_.completed;
+            }
+            {
+                std::lock_guard lk(j->mu);
+                j->stats = st;
+            }
+            finish_job(*j, error);
+        }
+    }
+
+    void reply_error(httplib::Response& res, int status, const std::string& msg, const std::string& type = {},
+                     const std::string& param = {}) {
+        res.status = status;
+        res.set_content(error_body(status, msg, type, param).dump(), "application/json");
+    }
+
+    void configure(httplib::Server& svr) {
+        const int threads = std::max(2, opt_.http_threads);
+        svr.new_task_queue = [threads] { return new httplib::ThreadPool(std::size_t(threads)); };
+        svr.set_payload_max_length(opt_.max_body_bytes);
+        svr.set_read_timeout(opt_.read_timeout_s);
+        svr.set_write_timeout(opt_.write_timeout_s);
+        svr.set_keep_alive_timeout(5);
+        svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+            if (opt_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+            if (req.get_header_value("Authorization") == "Bearer " + opt_.api_key || req.get_header_value("X-Api-Key") == opt_.api_key)
+                return httplib::Server::HandlerResponse::Unhandled;
+            reply_error(res, 401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'", "authentication_error");
+            return httplib::Server::HandlerResponse::Handled;
+        });
+        svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+            if (!res.body.empty()) return;
+            std::string msg = res.status == 404   ? "no such endpoint: " + req.method + " " + req.path
+                              : res.status == 413 ? "the request body is larger than " + std::to_string(opt_.max_body_bytes) + " bytes"
+                              : res.status == 405 ? "method not allowed"
+                                                  : "HTTP error " + std::to_string(res.status);
+            res.set_content(error_body(res.status, msg).dump(), "application/json");
+        });
+        svr.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+            std::string msg = "internal error";
+            try {
+                if (ep) std::rethrow_exception(ep);
+            } catch (const std::exception& e) {
+                msg = e.what();
+            } catch (...) {
+            }
+            reply_error(res, 500, msg);
+        });
+        auto health = [this](const httplib::Request&, httplib::Response& res) {
+            const counters c = stats();
+            json j = {{"status", "ok"}, {"model", opt_.model_id}, {"busy", c.busy}, {"queued", c.queued},
+                      {"requests", c.requests}, {"completed", c.completed}, {"cancelled", c.cancelled}};
+            res.set_content(j.dump(), "application/json");
+        };
+        svr.Get("/health", health);
+        svr.Get("/v1/health", health);
+        auto models = [this](const httplib::Request&, httplib::Response& res) {
+            json list = {{"object", "list"}, {"data", json::array({model_json()})}};
+            res.set_content(list.dump(), "application/json");
+        };
+        svr.Get("/v1/models", models);
+        svr.Get("/models", models);
+        svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+            if (req.matches[1] != opt_.model_id)
+                return reply_error(res, 404, "the model '" + std::string(req.matches[1]) + "' does not exist", {}, "model");
+            res.set_content(model_json().dump(), "application/json");
+        });
+        auto chat_h = [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); };
+        auto text_h = [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); };
+        svr.Post("/v1/chat/completions", chat_h);
+        svr.Post("/chat/completions", chat_h);
+        svr.Post("/v1/completions", text_h);
+        svr.Post("/completions", text_h);
+    }
+
+    json model_json() const {
+        return {{"id", opt_.model_id}, {"object", "model"}, {"created", created_}, {"owned_by", "clover"},
+                {"meta", {{"n_ctx", opt_.ctx}, {"max_tokens", opt_.max_tokens_limit}, {"n_vocab", model_.n_vocab()},
+                          {"chat_format", std::string(chat::format_name(fmt_))}, {"diffusion", mi_.diffusion_unavailable.empty()}}}};
+    }
+
+    void rejected() {
+        std::lock_guard lk(mu_);
+        ++counters_.rejected;
+    }
+
+    std::string finish_reason(const response_builder& rb, const decode::generate_stats& st) const {
+        if (rb.has_tool_calls()) return "tool_calls";
+        if (!rb.stopped_by_string() && (st.stop_reason == "length" || st.stop_reason == "context")) return "length";
+        return "stop";
+    }
+    static json usage_json(const request& r, const decode::generate_stats& st) {
+        const std::int64_t p = std::int64_t(r.prompt.size());
+        return {{"prompt_tokens", p}, {"completion_tokens", st.tokens}, {"total_tokens", p + st.tokens}};
+    }
+    static json timings_json(const request& r, const decode::generate_stats& st) {
+        return {{"decoder", decoder_name(r.dec)}, {"passes", st.passes()}, {"tokens_per_pass", st.tokens_per_pass()},
+                {"prompt_seconds", st.prompt_seconds}, {"seconds", st.seconds},
+                {"tokens_per_second", st.seconds > 0 ? double(st.tokens) / st.seconds : 0.0}, {"stop_reason", st.stop_reason}};
+    }
+
+    void completion(const httplib::Request& req, httplib::Response& res, bool chat_api) {
+        std::shared_ptr<job> j;
+        try {
+            json body;
+            try {
+                body = json::parse(req.body);
+            } catch (const json::parse_error& e) {
+                throw http_error(400, std::string("the request body is not valid JSON: ") + e.what());
+            }
+            j = submit(parse_request(body, chat_api, tok_, mi_, opt_, fmt_));
+        } catch (const http_error& e) {
+            rejected();
+            return reply_error(res, e.status, e.what(), e.type, e.param);
+        } catch (const std::exception& e) {  // e.g. a json type error the checks missed
+            rejected();
+            return reply_error(res, 400, std::string("bad request: ") + e.what());
+        }
+        const std::string id = std::string(chat_api ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_++);
+        const std::int64_t created = std::int64_t(std::time(nullptr));
+        if (!j->req.stream) {
+            response_builder rb(tok_, j->req);
+            std::size_t seen = 0;
+            std::vector<token> got;
+            for (bool done = false; !done;) {
+                got.clear();
+                done = wait(*j, seen, got, std::chrono::milliseconds(500));
+                for (token t : got) rb.push(t);
+                if (rb.stopped_by_string()) j->cancel = true;
+            }
+            rb.finish();
+            if (!j->error.empty()) return reply_error(res, 500, "generation failed: " + j->error, "server_error");
+            json choice = {{"index", 0}};
+            if (chat_api) choice["message"] = rb.message();
+            else { choice["text"] = rb.text_so_far(); choice["logprobs"] = nullptr; }
+            choice["finish_reason"] = finish_reason(rb, j->stats);
+            json out = {{"id", id}, {"object", chat_api ? "chat.completion" : "text_completion"}, {"created", created},
+                        {"model", opt_.model_id}, {"choices", json::array({choice})}, {"usage", usage_json(j->req, j->stats)},
+                        {"timings", timings_json(j->req, j->stats)}};
+            res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+            return;
+        }
+        struct stream_state {
+            std::shared_ptr<job> j;
+            response_builder rb;
+            std::size_t seen = 0;
+            bool started = false;
+            std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+            stream_state(std::shared_ptr<job> jj, const tokenizer& tok) : j(std::move(jj)), rb(tok, j->req) {}
+        };
+        auto st = std::make_shared<stream_state>(j, tok_);
+        auto chunk = [this, id, created, chat_api](json delta, json finish) {
+            json c = {{"index", 0}};
+            if (chat_api) c["delta"] = std::move(delta);
+            else { c["text"] = delta.value("text", ""); c["logprobs"] = nullptr; }
+            c["finish_reason"] = std::move(finish);
+            return json{{"id", id}, {"object", chat_api ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+                        {"model", opt_.model_id}, {"choices", json::array({c})}};
+        };
+        res.set_header("Cache-Control", "no-cache");
+        res.set_header("X-Accel-Buffering", "no");
+        res.set_chunked_content_provider(
+            "text/event-stream",
+            [this, st, chunk, chat_api](std::size_t, httplib::DataSink& sink) {
+                auto gone = [&] {
+                    st->j->client_gone = true;
+                    st->j->cancel = true;
+                    return false;
+                };
+                auto put = [&](const std::string& s) {
+                    st->last_write = std::chrono::steady_clock::now();
+                    return sink.write(s.data(), s.size());
+                };
+                if (!st->started) {
+                    st->started = true;
+                    json d = chat_api ? json{{"role", "assistant"}, {"content", ""}} : json{{"text", ""}};
+                    if (!put(sse_data(chunk(d, nullptr)))) return gone();
+                }
+                std::vector<token> got;
+                const bool done = wait(*st->j, st->seen, got, std::chrono::milliseconds(100));
+                for (token t : got)
+                    for (auto& d : st->rb.push(t))
+                        if (!put(sse_data(chunk(std::move(d), nullptr)))) return gone();
+                if (st->rb.stopped_by_string()) st->j->cancel = true;
+                if (!done) {
+                    if (got.empty() && std::chrono::steady_clock::now() - st->last_write > std::chrono::milliseconds(250))
+                        if (!put(sse_comment("waiting"))) return gone();
+                    return true;
+                }
+                for (auto& d : st->rb.finish())
+                    if (!put(sse_data(chunk(std::move(d), nullptr)))) return gone();
+                if (!st->j->error.empty()) {
+                    if (!put(sse_data(error_body(500, "generation failed: " + st->j->error)))) return gone();
+                } else {
+                    json last = chunk(json::object(), finish_reason(st->rb, st->j->stats));
+                    last["usage"] = usage_json(st->j->req, st->j->stats);
+                    last["timings"] = timings_json(st->j->req, st->j->stats);
+                    if (!put(sse_data(last))) return gone();
+                    if (st->j->req.include_usage) {
+                        json u = last;
+                        u["choices"] = json::array();
+                        u.erase("timings");
+                        if (!put(sse_data(u))) return gone();
+                    }
+                }
+                if (!put(sse_done())) return gone();
+                sink.done();
+                return true;
+            },
+            [st](bool success) {
+                if (!success) {
+                    st->j->client_gone = true;
+                    st->j->cancel = true;
+                }
+            });
+    }
+
+    Model& model_;
+    const tokenizer& tok_;
+    options opt_;
+    chat::format fmt_;
+    model_info mi_;
+    std::int64_t created_ = std::int64_t(std::time(nullptr));
+    std::atomic<std::int64_t> next_id_{1};
+
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::shared_ptr<job>> queue_;
+    bool busy_ = false;
+    std::atomic<bool> stopping_{false};
+    counters counters_;
+
+    std::unique_ptr<httplib::Server> svr_;
+    std::thread worker_, listener_;
+    int port_ = -1;
+};
+
+// The server over the runtime model type (dimensions from the file, CPU backend).
+using server = basic_server<model<variants::from_file, backend::cpu>>;
+
+}  // namespace clover::server
