@@ -26,7 +26,9 @@ int main(int argc, char** argv) try {
     clover::model<clover::variants::from_file> m(clover::load(argv[1]), {.threads = 1});
     auto s = m.new_session({.ctx = 256});
     std::vector<clover::token> prompt = {1, 2, 3};
-    clover::decode::generate_options o{.max_tokens = 64, .ignore_eos = true};
+    clover::decode::generate_options o;
+    o.max_tokens = 64;
+    o.ignore_eos = true;
     auto st = clover::decode::generate(m, s, prompt, o, [](clover::token t) { std::printf("%d ", t); return true; },
                                        until_unsure{});
     std::printf("\n%s\n", st.json().c_str());

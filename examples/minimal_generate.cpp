@@ -16,7 +16,9 @@ int main(int argc, char** argv) try {
     for (std::string s = argv[2], cur; char c : s + ",")
         if (c == ',') { if (!cur.empty()) prompt.push_back(std::stoi(cur)); cur.clear(); } else cur += c;
     auto s = m.new_session({.ctx = 1024});
-    clover::decode::generate_options o{.max_tokens = 16, .ignore_eos = true};
+    clover::decode::generate_options o;
+    o.max_tokens = 16;
+    o.ignore_eos = true;
     auto st = clover::decode::generate<clover::decode::ar>(m, s, prompt, o, [](clover::token t) {
         std::printf("%d ", t);
         return true;
