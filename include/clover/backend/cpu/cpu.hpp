@@ -24,10 +24,15 @@ struct cpu_options {
     int threads = 0;  // 0: all hardware threads
 };
 
-// One product of a multi-product call: y[n, w.rows] = x · wᵀ.
+// One product of a multi-product call: y[n, w.rows] = x · wᵀ. Input rows default to the call's
+// shared input; a job may bring its own (x, n) and gather its rows (row i of the input is
+// x[rows[i]]), which is how an MoE pass feeds each expert the tokens routed to it.
 struct matmul_job {
     const weight* w;
     float* y;
+    const float* x = nullptr;             // nullptr: the call's input
+    std::int64_t n = -1;                  // -1: the call's n
+    const std::int32_t* rows = nullptr;   // nullptr: rows 0..n-1 of x
 };
 
 class cpu {
@@ -69,76 +74,98 @@ public:
 
     // y[n, w.rows] = x[n, w.cols] · wᵀ, for one (non-stacked) weight matrix.
     void matmul(const weight& w, const float* x, float* y, std::int64_t n) {
-        const matmul_job j{&w, y};
+        const matmul_job j{&w, y, x, n};
         matmul_many(std::span<const matmul_job>(&j, 1), x, n);
     }
 
-    // Several products of the same input x [n, K] in one parallel region: the activation rows
-    // are rounded/quantized once per activation format, and the rows of all weights form one
-    // pool of work (a decode step's q|k|v or gate|up pay one wake-up instead of three).
-    void matmul_many(std::span<const matmul_job> jobs, const float* x, std::int64_t n) {
-        if (jobs.empty() || n <= 0) return;
-        const std::int64_t K = jobs[0].w->cols;
-        for (const auto& j : jobs)
-            if (j.w->cols != K) fail("matmul_many: weights disagree on the input size (", j.w->name, ")");
+    // Several products in one parallel region: every distinct input is rounded/quantized once
+    // per activation format, and the rows of all weights form one pool of work (a decode step's
+    // q|k|v or gate|up, or all experts of an MoE pass, pay one wake-up instead of dozens).
+    void matmul_many(std::span<const matmul_job> jobs, const float* x = nullptr, std::int64_t n = 0) {
+        if (jobs.empty()) return;
+        auto x_of = [&](const matmul_job& j) { return j.x ? j.x : x; };
+        auto n_of = [&](const matmul_job& j) { return j.n >= 0 ? j.n : n; };
         // Dense f32 with several rows: Eigen's blocked GEMM, split over output features (not in
         // exact-rows mode: its blocking changes the summation order with the row count).
-        if (jobs.size() == 1 && jobs[0].w->type == dtype::f32 && n > 1 && !exact_rows_) {
+        if (jobs.size() == 1 && jobs[0].w->type == dtype::f32 && n_of(jobs[0]) > 1 && !jobs[0].rows && !exact_rows_) {
             const weight& w = *jobs[0].w;
             float* y = jobs[0].y;
-            const std::int64_t N = w.rows;
+            const std::int64_t N = w.rows, m = n_of(jobs[0]), K = w.cols;
             using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-            Eigen::Map<const RowMat> X(x, n, K);
+            Eigen::Map<const RowMat> X(x_of(jobs[0]), m, K);
             pool_.parallel_for(N, 16, [&](std::int64_t b, std::int64_t e) {
                 Eigen::Map<const RowMat> W(reinterpret_cast<const float*>(w.row(b)), e - b, K);
-                Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y + b, n, e - b, Eigen::OuterStride<>(N));
+                Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y + b, m, e - b, Eigen::OuterStride<>(N));
                 Y.noalias() = X * W.transpose();
             });
             return;
         }
-        // Prepare each distinct activation format once.
+        // Distinct inputs (x, rows, n, width, activation format), each prepared once.
         using prep = cpu_detail::kernel_set::prep;
-        struct fmt { prep p; cpu_detail::act_view view; };
-        std::vector<fmt> fmts;
-        std::vector<std::size_t> fmt_of(jobs.size());
+        inputs_.clear();
+        job_input_.resize(jobs.size());
+        std::int64_t prep_rows = 0;
         for (std::size_t i = 0; i < jobs.size(); ++i) {
             const prep p = cpu_detail::kernels_for(jobs[i].w->type).act;
+            const float* xi = x_of(jobs[i]);
+            const std::int64_t ni = n_of(jobs[i]), K = jobs[i].w->cols;
             std::size_t f = 0;
-            while (f < fmts.size() && fmts[f].p != p) ++f;
-            if (f == fmts.size()) fmts.push_back({p, {}});
-            fmt_of[i] = f;
+            while (f < inputs_.size() && !(inputs_[f].p == p && inputs_[f].x == xi && inputs_[f].rows == jobs[i].rows &&
+                                           inputs_[f].n == ni && inputs_[f].K == K))
+                ++f;
+            if (f == inputs_.size()) {
+                inputs_.push_back({p, xi, jobs[i].rows, ni, K, cpu_detail::act_row_bytes(p, K), 0, {}});
+                prep_rows += ni;
+            }
+            job_input_[i] = f;
         }
-        if (acts_.size() < fmts.size()) acts_.resize(fmts.size());
-        for (std::size_t f = 0; f < fmts.size(); ++f) {
-            const std::size_t stride = cpu_detail::act_row_bytes(fmts[f].p, K);
-            std::byte* buf = acts_[f].get(stride * std::size_t(n));
-            fmts[f].view = {buf, stride, n};
-            const prep p = fmts[f].p;
-            pool_.run_chunks(n, 8, [&](std::int64_t b, std::int64_t e, int t) {
-                for (std::int64_t r = b; r < e; ++r) cpu_detail::prepare_row(p, x + r * K, buf + std::size_t(r) * stride, K, prep_[t]);
-            });
+        if (prep_rows == 0) return;
+        std::size_t bytes = 0;
+        for (auto& in : inputs_) {
+            in.offset = bytes;
+            bytes += in.stride * std::size_t(in.n);
         }
+        std::byte* buf = acts_.get(bytes);
+        for (auto& in : inputs_) in.view = {buf + in.offset, in.stride, in.n};
+        // Preparation: one region over all rows of all inputs (serial when there are few).
+        prep_index_.clear();
+        for (std::size_t f = 0; f < inputs_.size(); ++f)
+            for (std::int64_t r = 0; r < inputs_[f].n; ++r) prep_index_.push_back({f, r});
+        auto prep_rows_fn = [&](std::int64_t b, std::int64_t e, int t) {
+            for (std::int64_t k = b; k < e; ++k) {
+                const auto [f, r] = prep_index_[std::size_t(k)];
+                const auto& in = inputs_[f];
+                const float* src = in.x + (in.rows ? std::int64_t(in.rows[r]) : r) * in.K;
+                cpu_detail::prepare_row(in.p, src, const_cast<std::byte*>(in.view.row(r)), in.K, prep_[std::size_t(t)]);
+            }
+        };
+        if (prep_rows < 16) prep_rows_fn(0, prep_rows, 0);
+        else pool_.run_chunks(prep_rows, 8, prep_rows_fn);
         // Work items: (job, row chunk, token chunk). Decode: ~8 chunks per thread, rows a
         // multiple of 4; prefill: 32 rows × 64 tokens (the weight chunk stays in L2 while the
         // token tiles stream through L1).
-        const std::int64_t tchunk = n == 1 ? 1 : 64;
-        const std::int64_t ntc = (n + tchunk - 1) / tchunk;
+        bool decode = true;
         std::int64_t total_rows = 0;
-        for (const auto& j : jobs) total_rows += j.w->rows;
-        std::int64_t rchunk = 32;
-        if (n == 1) rchunk = std::clamp<std::int64_t>((total_rows / (8 * threads()) + 3) / 4 * 4, 4, 512);
+        for (std::size_t i = 0; i < jobs.size(); ++i) {
+            decode = decode && n_of(jobs[i]) <= 1;
+            total_rows += jobs[i].w->rows;
+        }
+        const std::int64_t tchunk = decode ? 1 : 64;
+        const std::int64_t rchunk = decode ? std::clamp<std::int64_t>((total_rows / (8 * threads()) + 3) / 4 * 4, 4, 512) : 32;
         items_.clear();
-        for (std::size_t i = 0; i < jobs.size(); ++i)
+        for (std::size_t i = 0; i < jobs.size(); ++i) {
+            const std::int64_t ni = n_of(jobs[i]);
             for (std::int64_t r = 0; r < jobs[i].w->rows; r += rchunk)
-                for (std::int64_t tc = 0; tc < ntc; ++tc)
-                    items_.push_back({i, r, std::min(jobs[i].w->rows, r + rchunk), tc * tchunk, std::min(n, (tc + 1) * tchunk)});
+                for (std::int64_t t = 0; t < ni; t += tchunk)
+                    items_.push_back({i, r, std::min(jobs[i].w->rows, r + rchunk), t, std::min(ni, t + tchunk)});
+        }
         const item_storage* its = items_.data();
         pool_.run_chunks(std::int64_t(items_.size()), 1, [&](std::int64_t b, std::int64_t e, int) {
             for (std::int64_t k = b; k < e; ++k) {
                 const item_storage& it = its[k];
                 const weight& w = *jobs[it.job].w;
-                cpu_detail::gemm_block(cpu_detail::kernels_for(w.type), w, it.r0, it.r1, fmts[fmt_of[it.job]].view, it.t0,
-                                       it.t1, jobs[it.job].y, w.rows);
+                cpu_detail::gemm_block(cpu_detail::kernels_for(w.type), w, it.r0, it.r1, inputs_[job_input_[it.job]].view,
+                                       it.t0, it.t1, jobs[it.job].y, w.rows);
             }
         });
     }
@@ -157,11 +184,36 @@ public:
 
 private:
     struct item_storage { std::size_t job; std::int64_t r0, r1, t0, t1; };
+    struct input_storage {
+        cpu_detail::kernel_set::prep p;
+        const float* x;
+        const std::int32_t* rows;
+        std::int64_t n, K;
+        std::size_t stride, offset;
+        cpu_detail::act_view view;
+    };
     cpu_detail::thread_pool pool_;
-    std::vector<cpu_detail::prep_scratch> prep_;       // per thread
-    std::vector<cpu_detail::aligned_buffer> acts_;     // per activation format of one call
+    std::vector<cpu_detail::prep_scratch> prep_;  // per thread
+    cpu_detail::aligned_buffer acts_;             // prepared inputs of one call
+    std::vector<input_storage> inputs_;
+    std::vector<std::size_t> job_input_;
+    std::vector<std::pair<std::size_t, std::int64_t>> prep_index_;
     std::vector<item_storage> items_;
     bool exact_rows_ = false;
 };
+
+// Runs several products of one input: one multi-product call on backends that have it
+// (backend::cpu), one matmul per job elsewhere. Layers call this so they stay backend-generic.
+template <class Backend>
+void matmul_all(Backend& be, std::span<const matmul_job> jobs, const float* x, std::int64_t n) {
+    if constexpr (requires { be.matmul_many(jobs, x, n); }) {
+        be.matmul_many(jobs, x, n);
+    } else {
+        for (const auto& j : jobs) {
+            if (j.rows) fail("matmul_all: this backend cannot gather rows");
+            be.matmul(*j.w, j.x ? j.x : x, j.y, j.n >= 0 ? j.n : n);
+        }
+    }
+}
 
 }  // namespace clover::backend
