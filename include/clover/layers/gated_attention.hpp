@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "clover/backend/cpu/cpu.hpp"
 #include "clover/core/math.hpp"
 #include "clover/layers/rope.hpp"
 #include "clover/model/passes.hpp"
@@ -29,9 +30,8 @@ struct gated_attention {
                         std::int64_t pos0, float* q, float* gate, float* k, float* v, workspace& ws) {
         const std::int64_t H = d.n_head(), Hkv = d.n_head_kv(), hd = d.head_dim();
         float* qg = workspace::get(ws.t5, std::size_t(n * H * 2 * hd));  // [n, H, 2*hd]
-        be.matmul(w.wq, x, qg, n);
-        be.matmul(w.wk, x, k, n);
-        be.matmul(w.wv, x, v, n);
+        const backend::matmul_job proj[3] = {{&w.wq, qg}, {&w.wk, k}, {&w.wv, v}};
+        backend::matmul_all(be, proj, x, n);  // one parallel region, x quantized once
         const float eps = d.h().rms_eps;
         const rope_params rp = rope_of(d);
         std::vector<float> cs(std::size_t(rp.n_rot));

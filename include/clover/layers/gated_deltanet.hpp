@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "clover/backend/cpu/cpu.hpp"
 #include "clover/core/math.hpp"
 #include "clover/layers/gdn_kernels.hpp"
 #include "clover/model/passes.hpp"
@@ -84,12 +85,10 @@ struct gated_deltanet {
         float* z = workspace::get(ws.t2, std::size_t(n * inner)); // [n, inner]
         float* gb = workspace::get(ws.t3, std::size_t(n * 2 * Hv));  // [n, Hv] β then [n, Hv] g
         float* o = workspace::get(ws.t4, std::size_t(n * inner)); // [n, Hv, dv]
-        be.matmul(w.qkv, x, m, n);
-        be.matmul(w.z, x, z, n);
         float* beta = gb;
         float* g = gb + n * Hv;
-        be.matmul(w.beta, x, beta, n);
-        be.matmul(w.alpha, x, g, n);
+        const backend::matmul_job proj[4] = {{&w.qkv, m}, {&w.z, z}, {&w.beta, beta}, {&w.alpha, g}};
+        backend::matmul_all(be, proj, x, n);  // one parallel region, x quantized once
         const float* dt = w.dt_bias.f32();
         const float* A = w.a.f32();
         for (std::int64_t t = 0; t < n; ++t)
@@ -148,8 +147,8 @@ struct gated_deltanet {
         float* y = workspace::get(ws.t1, std::size_t(B * C));
         float* z = workspace::get(ws.t2, std::size_t(B * inner));
         float* o = workspace::get(ws.t4, std::size_t(B * inner));
-        be.matmul(w.qkv, x, m, B);
-        be.matmul(w.z, x, z, B);
+        const backend::matmul_job proj[2] = {{&w.qkv, m}, {&w.z, z}};
+        backend::matmul_all(be, proj, x, B);
         conv_silu(d, w, st.conv.data(), m, y, B, w.conv_right.f32());
         normalize_qk(d, y, B, 1.f);  // unit q̂ and k̂
         const float* lambda = w.bd_scale.f32();

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <span>
 #include <type_traits>
 #include <vector>
 
+#include "clover/backend/cpu/cpu.hpp"
 #include "clover/core/math.hpp"
 #include "clover/model/passes.hpp"
 #include "clover/model/session.hpp"
@@ -126,6 +128,121 @@ struct sparse_moe {
         }
     }
 
+    // The same as experts() + shared_expert(), for backends with multi-product calls: routed
+    // experts and the shared expert for rows x [n, n_embd], routing ids/weights [n, k]
+    // -> out [n, n_embd] (overwritten). Two parallel regions for the whole block (backend
+    // matmul_many): gate|up of every touched expert over the rows routed to it (gathered, one
+    // GEMM per expert, not one GEMV per row) plus the shared expert's, then every down
+    // projection. A decode step thus wakes the pool twice for its 8 + 1 experts instead of 27
+    // times. Each row's sum runs over its experts in ascending id, then the shared expert —
+    // the order of one-row passes, so multi-row passes reproduce them bit for bit.
+    static void ffn(Backend& be, const dims<V>& d, const moe_weights& w, const float* x, float* out, std::int64_t n,
+                    std::int64_t k, const std::int32_t* ids, const float* wts) {
+        const std::int64_t E = d.n_embd(), X = d.n_expert(), F = d.n_ff_exp(), Fs = w.gate_shexp ? d.n_ff_shexp() : 0;
+        const std::int64_t S = n * k;  // (row, slot) pairs
+        // Grow-only scratch (steady-state decoding allocates nothing), one per calling thread; the
+        // lambdas below run on pool threads, so they must see the caller's (references, not the
+        // thread_local names).
+        struct scratch {
+            std::vector<std::int32_t> cnt, start, tok, pos_of;
+            std::vector<float> gu, h, ys, gus, hs, yss;
+            std::vector<backend::matmul_job> jobs;
+            std::vector<weight> mats;  // stable storage for the per-expert views
+        };
+        thread_local scratch tls;
+        scratch& sc = tls;
+        auto& [cnt, start, tok, pos_of, gu, h, ys, gus, hs, yss, jobs, mats] = sc;
+        cnt.assign(std::size_t(X + 1), 0);
+        for (std::int64_t i = 0; i < S; ++i) ++cnt[ids[i] + 1];
+        start.resize(std::size_t(X + 1));
+        start[0] = 0;
+        for (std::int64_t e = 0; e < X; ++e) start[e + 1] = start[e] + cnt[e + 1];
+        tok.resize(std::size_t(S));
+        pos_of.resize(std::size_t(S));  // slot t*k+j -> its position in expert-grouped order
+        for (std::int64_t e = 0; e <= X; ++e) cnt[e] = 0;
+        for (std::int64_t t = 0; t < n; ++t)  // rows in ascending order within each expert
+            for (std::int64_t j = 0; j < k; ++j) {
+                const std::int32_t e = ids[t * k + j];
+                const std::int32_t p = start[e] + cnt[e]++;
+                tok[p] = std::int32_t(t);
+                pos_of[t * k + j] = p;
+            }
+        gu.resize(std::size_t(S * 2 * F));
+        h.resize(std::size_t(S * F));
+        ys.resize(std::size_t(S * E));
+        gus.resize(std::size_t(n * 2 * Fs));
+        hs.resize(std::size_t(n * Fs));
+        yss.resize(std::size_t(n * E));
+        mats.clear();
+        mats.reserve(std::size_t(3 * X + 3));
+        jobs.clear();
+        for (std::int64_t e = 0; e < X; ++e) {
+            const std::int64_t m = start[e + 1] - start[e];
+            if (m == 0) continue;
+            if (w.gate_up_exps) {
+                const weight gu_e = w.gate_up_exps.expert(e);
+                mats.push_back(gu_e.row_slice(0, F));
+                mats.push_back(gu_e.row_slice(F, F));
+            } else {
+                mats.push_back(w.gate_exps.expert(e));
+                mats.push_back(w.up_exps.expert(e));
+            }
+            float* g = gu.data() + std::size_t(start[e]) * 2 * F;
+            jobs.push_back({&mats[mats.size() - 2], g, x, m, tok.data() + start[e]});
+            jobs.push_back({&mats[mats.size() - 1], g + m * F, x, m, tok.data() + start[e]});
+        }
+        if (Fs) {
+            jobs.push_back({&w.gate_shexp, gus.data(), x, n, nullptr});
+            jobs.push_back({&w.up_shexp, gus.data() + n * Fs, x, n, nullptr});
+        }
+        be.matmul_many(jobs);
+        // SwiGLU: h = silu(gate) ⊙ up, per expert block [m, F] (gate rows then up rows).
+        be.run_chunks(X + 1, 4, [&](std::int64_t e0, std::int64_t e1, int) {
+            for (std::int64_t e = e0; e < e1; ++e) {
+                const bool shared = e == X;
+                if (shared && !Fs) continue;
+                const std::int64_t m = shared ? n : start[e + 1] - start[e], ff = shared ? Fs : F;
+                const float* g = shared ? gus.data() : gu.data() + std::size_t(start[e]) * 2 * F;
+                float* hh = shared ? hs.data() : h.data() + std::size_t(start[e]) * F;
+                for (std::int64_t i = 0; i < m * ff; ++i) hh[i] = math::silu(g[i]) * g[m * ff + i];
+            }
+        });
+        jobs.clear();
+        for (std::int64_t e = 0; e < X; ++e) {
+            const std::int64_t m = start[e + 1] - start[e];
+            if (m == 0) continue;
+            mats.push_back(w.down_exps.expert(e));
+            jobs.push_back({&mats.back(), ys.data() + std::size_t(start[e]) * E, h.data() + std::size_t(start[e]) * F, m, nullptr});
+        }
+        if (Fs) jobs.push_back({&w.down_shexp, yss.data(), hs.data(), n, nullptr});
+        be.matmul_many(jobs);
+        // Weighted sums, row by row: routed experts in ascending id, then the shared expert.
+        const float* sg = Fs ? w.shexp_gate.f32() : nullptr;
+        be.run_chunks(n, 16, [&](std::int64_t t0, std::int64_t t1, int) {
+            std::int32_t order[64];
+            for (std::int64_t t = t0; t < t1; ++t) {
+                float* o = out + t * E;
+                std::fill(o, o + E, 0.f);
+                const std::int64_t kk = std::min<std::int64_t>(k, 64);
+                for (std::int64_t j = 0; j < kk; ++j) order[j] = std::int32_t(j);
+                std::sort(order, order + kk, [&](std::int32_t a, std::int32_t b) { return ids[t * k + a] < ids[t * k + b]; });
+                for (std::int64_t jj = 0; jj < kk; ++jj) {
+                    const std::int64_t slot = t * k + order[jj];
+                    const float wt = wts[slot];
+                    const float* yr = ys.data() + std::size_t(pos_of[slot]) * E;
+                    for (std::int64_t i = 0; i < E; ++i) o[i] += wt * yr[i];
+                }
+                if (Fs) {
+                    float dot = 0.f;
+                    for (std::int64_t i = 0; i < E; ++i) dot += x[t * E + i] * sg[i];
+                    const float sgm = math::sigmoid(dot);
+                    const float* yr = yss.data() + t * E;
+                    for (std::int64_t i = 0; i < E; ++i) o[i] += sgm * yr[i];
+                }
+            }
+        });
+    }
+
     // Router probabilities [n, n_expert] (softmax, fp32).
     static void router_probs(Backend& be, const dims<V>& d, const moe_weights& w, const float* x, float* probs,
                              std::int64_t n) {
@@ -142,8 +259,12 @@ struct sparse_moe {
         std::vector<std::int32_t> ids(static_cast<std::size_t>(n * k));
         std::vector<float> wts(static_cast<std::size_t>(n * k));
         for (std::int64_t t = 0; t < n; ++t) route_row(probs + t * X, X, k, allowed, ids.data() + t * k, wts.data() + t * k);
-        experts(be, d, w, x, out, n, k, ids.data(), wts.data(), ws);
-        shared_expert(be, d, w, x, out, n);
+        if constexpr (requires { be.matmul_many(std::span<const backend::matmul_job>{}); }) {
+            ffn(be, d, w, x, out, n, k, ids.data(), wts.data());  // fused (backend::cpu)
+        } else {
+            experts(be, d, w, x, out, n, k, ids.data(), wts.data(), ws);
+            shared_expert(be, d, w, x, out, n);
+        }
     }
 
     // Commit and verify passes: plain top-k routing.
