@@ -173,6 +173,7 @@ TEST_CASE("gguf patch: a patched file needs nothing more; a canonical file is co
     CHECK(rp.applied.empty());
     const io::gguf_file s(b.settled), q(plain);
     CHECK(fs::file_size(plain) - q.data_offset() == fs::file_size(b.settled) - s.data_offset());
+    CHECK(q.data_offset() % 4096 == s.data_offset() % 4096);  // same page offset: whole pages copied
     CHECK(std::memcmp(q.map().data() + q.data_offset(), s.map().data() + s.data_offset(), fs::file_size(b.settled) - s.data_offset()) == 0);
 }
 

@@ -71,10 +71,10 @@ public:
     const std::vector<std::pair<std::string, gguf_value>>& metadata() const { return kv_; }
 
     // The bytes before the data section, as write() lays them out: magic, counts, metadata,
-    // tensor records, zero padding to the alignment. Tensor i's data then starts at
-    // header().size() + tensors()[i].offset. For callers that place tensor bytes themselves
-    // (`gguf patch` copies them with copy_file_range).
-    std::vector<std::byte> header() {
+    // tensor records, zero padding to the alignment (pad = false: without that padding).
+    // Tensor i's data then starts at header().size() + tensors()[i].offset. For callers that
+    // place tensor bytes themselves (`gguf patch` copies them with copy_file_range).
+    std::vector<std::byte> header(bool pad = true) {
         set_u32("general.alignment", std::uint32_t(alignment_));
         std::vector<std::byte> head;
         put(head, "GGUF", 4);
@@ -93,7 +93,7 @@ public:
             put_t<std::uint32_t>(head, std::uint32_t(t.type));
             put_t<std::uint64_t>(head, t.offset);
         }
-        head.resize((head.size() + alignment_ - 1) / alignment_ * alignment_);
+        if (pad) head.resize((head.size() + alignment_ - 1) / alignment_ * alignment_);
         return head;
     }
     // Bytes of the data section (every tensor padded to the alignment).

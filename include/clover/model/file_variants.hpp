@@ -17,6 +17,7 @@
 // A patched file records what was done in `clover.patch.applied` (array of strings, appended to
 // when a file is patched twice): "expert_shared_count", "norm_plus_one", "ssm_a_from_a_log",
 // "v_heads_tiled"; and says `{arch}.gdn.v_head_order = "tiled"` whenever the order is known.
+// `clover.patch.pad` (spaces) sizes the header so tensor data keeps its offset within a page.
 // Tensors that need no change are copied byte for byte (copy_file_range: in the kernel, no
 // re-quantisation); the output is written as OUT.partial and renamed, so a failure never
 // leaves a broken OUT.
@@ -349,7 +350,7 @@ inline void copy_range(int in, std::uint64_t in_off, int out, std::uint64_t out_
     while (n > 0) {
         if (kernel) {
             loff_t a = loff_t(in_off), b = loff_t(out_off);
-            const ssize_t c = ::copy_file_range(in, &a, out, &b, std::size_t(std::min<std::uint64_t>(n, 1ull << 30)), 0);
+            const ssize_t c = ::copy_file_range(in, &a, out, &b, std::size_t(n), 0);
             if (c > 0) {
                 in_off += std::uint64_t(c);
                 out_off += std::uint64_t(c);
@@ -397,6 +398,16 @@ inline patch_result patch_file(const std::filesystem::path& in, const std::files
         w.add_tensor(t.name, t.type, ne, [](std::span<std::byte>) {});  // bytes are placed below
         changed[i] = will_change(t, p, true);
     }
+    // Keep the data section's offset within a page: the kernel then copies whole pages (a
+    // copy shifted by 32 bytes runs ~20 % slower). The header grows by a padding key to match.
+    const std::string pad_key = "clover.patch.pad";
+    w.set_string(pad_key, "");
+    const std::size_t page = 4096, unpadded = w.header(false).size();
+    if (page % f.alignment() == 0 && f.data_offset() % f.alignment() == 0) {
+        const std::size_t want = f.data_offset() % page;
+        const std::size_t target = unpadded + (want + page - unpadded % page) % page;
+        w.set_string(pad_key, std::string(target - unpadded, ' '));
+    }
     const std::vector<std::byte> head = w.header();
     const std::uint64_t total = head.size() + w.data_size();
 
@@ -405,6 +416,7 @@ inline patch_result patch_file(const std::filesystem::path& in, const std::files
     const std::string out_s = out.string();
     fd_guard src{::open(f.path().c_str(), O_RDONLY | O_CLOEXEC)};
     if (src.fd < 0) fail(f.path(), ": cannot open: ", std::strerror(errno));
+    ::posix_fadvise(src.fd, 0, 0, POSIX_FADV_SEQUENTIAL);  // a larger readahead window, as cp asks for
     fd_guard dst{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
     if (dst.fd < 0) fail(out_s, ": cannot create: ", std::strerror(errno));
     try {
@@ -413,28 +425,34 @@ inline patch_result patch_file(const std::filesystem::path& in, const std::files
         const auto& ts = f.tensors();
         const auto& os = w.tensors();
         std::uint64_t done = head.size();
+        // 1. Runs of tensors laid out alike in both files, each one in-kernel copy. Small
+        //    tensors to be rewritten stay inside a run (overwritten below), so a file whose
+        //    layout is unchanged is copied in one call, like cp does; big rewritten ones (V-head
+        //    reorder of the projections) split runs, so their bytes are not written twice.
+        auto skip = [&](std::size_t k) { return changed[k] && ts[k].nbytes >= (std::size_t(1) << 20); };
         for (std::size_t i = 0; i < ts.size();) {
-            const std::uint64_t out_off = head.size() + os[i].offset;
-            if (changed[i]) {
-                const std::vector<std::byte> b = patched_bytes(f, ts[i], p, true);  // one at a time: bounded memory
-                pwrite_all(dst.fd, b.data(), b.size(), out_off, out_s);
-                ++res.n_changed;
-                done += b.size();
-                ++i;
-            } else {
-                // A run of unchanged tensors laid out alike in both files is one copy.
-                std::size_t j = i + 1;
-                while (j < ts.size() && !changed[j] && ts[j].offset >= ts[i].offset &&
-                       ts[j].offset - ts[i].offset == os[j].offset - os[i].offset)
-                    ++j;
-                const std::uint64_t n = os[j - 1].offset + ts[j - 1].nbytes - os[i].offset;
-                copy_range(src.fd, f.data_offset() + ts[i].offset, dst.fd, out_off, n, f.path(), out_s, buf);
-                res.n_copied += j - i;
-                done += n;
-                i = j;
-            }
+            if (skip(i)) { ++i; continue; }
+            std::size_t j = i + 1;
+            while (j < ts.size() && !skip(j) && ts[j].offset >= ts[i].offset && ts[j].offset - ts[i].offset == os[j].offset - os[i].offset)
+                ++j;
+            const std::uint64_t n = os[j - 1].offset + ts[j - 1].nbytes - os[i].offset;
+            copy_range(src.fd, f.data_offset() + ts[i].offset, dst.fd, head.size() + os[i].offset, n, f.path(), out_s, buf);
+            done += n;
             if (o.progress) o.progress(done, total);
+            i = j;
         }
+        // 2. The rewritten tensors, one at a time (bounded memory).
+        for (std::size_t i = 0; i < ts.size(); ++i) {
+            if (!changed[i]) {
+                ++res.n_copied;
+                continue;
+            }
+            f.map().advise_willneed(f.data_offset() + ts[i].offset, ts[i].nbytes);
+            const std::vector<std::byte> b = patched_bytes(f, ts[i], p, true);
+            pwrite_all(dst.fd, b.data(), b.size(), head.size() + os[i].offset, out_s);
+            ++res.n_changed;
+        }
+        if (o.progress) o.progress(total, total);
         if (::ftruncate(dst.fd, off_t(total)) != 0) fail(out_s, ": cannot set the file size: ", std::strerror(errno));
         const int fd = dst.fd;
         dst.fd = -1;
