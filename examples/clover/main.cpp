@@ -10,6 +10,9 @@
 #include "cmd_convert.hpp"
 #include "cmd_gguf.hpp"
 #include "cmd_model.hpp"
+#include "cmd_run.hpp"
+#include "cmd_serve.hpp"
+#include "cmd_tokenize.hpp"
 
 int main(int argc, char** argv) {
     CLI::App app{"clover: Clover-35B-A3B and Qwen3.5/3.6 hybrid MoE inference"};
@@ -18,6 +21,9 @@ int main(int argc, char** argv) {
     clover::cli::add_gguf_commands(app);
     clover::cli::add_convert_commands(app);
     clover::cli::add_bench_commands(app);
+    clover::cli::add_run_commands(app);
+    clover::cli::add_serve_commands(app);
+    clover::cli::add_tokenize_commands(app);
     try {
         std::string names;
         bool known = false;

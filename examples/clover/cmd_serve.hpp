@@ -1,0 +1,81 @@
+#pragma once
+// `clover serve` (cli.md): the OpenAI-compatible HTTP server (include/clover/server) over one
+// model. Binds 127.0.0.1 unless --host says otherwise; Ctrl-C (SIGINT/SIGTERM) stops it.
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include <clover/server/server.hpp>
+
+#include "cmd_run.hpp"
+#include "common.hpp"
+
+namespace clover::cli {
+
+inline std::atomic<bool> serve_stop{false};
+inline void serve_on_signal(int) { serve_stop = true; }
+
+inline void add_serve_commands(CLI::App& app) {
+    auto* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health)");
+    struct opts {
+        std::string model, alias;
+        int threads = 0;
+        bool quiet = false;
+        server::options srv;
+    };
+    auto o = std::make_shared<opts>();
+    auto& s = o->srv;
+    c->add_option("-m,--model", o->model, std::string("GGUF model file or HF folder (default: the bundled ") + bundled_model_name + ")");
+    c->add_option("--host", s.host, "address to bind (default 127.0.0.1: this machine only)");
+    c->add_option("--port", s.port, "port (0: any free port)")->check(CLI::Range(0, 65535));
+    c->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1 requests");
+    c->add_option("-a,--alias", o->alias, "model name served in /v1/models (default: the file name)");
+    c->add_option("-c,--ctx-size", s.ctx, "context per request (prompt + answer)")->check(CLI::Range(16LL, 1LL << 24));
+    c->add_option("--max-tokens", s.max_tokens_limit, "largest max_tokens a request may ask for")->check(CLI::Range(1LL, 1LL << 24));
+    c->add_option("-n,--n-predict", s.default_max_tokens, "max_tokens when a request gives none")->check(CLI::Range(1LL, 1LL << 24));
+    c->add_option("--max-body", s.max_body_bytes, "largest request body in bytes")->check(CLI::Range(std::size_t(1024), std::size_t(1) << 30));
+    c->add_option("--max-queue", s.max_queue, "requests that may wait for the model (more get 503)")->check(CLI::Range(std::size_t(1), std::size_t(1) << 20));
+    c->add_option("--http-threads", s.http_threads, "connections served at once")->check(CLI::Range(2, 4096));
+    c->add_option("--decoder", s.decoder, "default decoder: ar | diffusion | speculative")->check(CLI::IsMember({"ar", "diffusion", "speculative"}));
+    c->add_option("--block", s.block, "default diffusion block size")->check(CLI::Range(1LL, 1024LL));
+    c->add_option("--threshold", s.threshold, "default diffusion confidence threshold")->check(CLI::Range(0.0f, 1.0f));
+    c->add_option("--coreset", s.coreset, "default expert coreset for preview passes (-1: the file's)")->check(CLI::Range(-1LL, 1LL << 20));
+    c->add_option("--temp", s.sampling.temperature, "default temperature")->check(CLI::Range(0.0f, 2.0f));
+    c->add_option("--top-k", s.sampling.top_k, "default top-k")->check(CLI::Range(0, 1 << 30));
+    c->add_option("--top-p", s.sampling.top_p, "default top-p")->check(CLI::Range(0.0f, 1.0f));
+    c->add_option("--min-p", s.sampling.min_p, "default min-p")->check(CLI::Range(0.0f, 1.0f));
+    c->add_flag("--no-think", [o](std::int64_t) { o->srv.enable_thinking = false; }, "thinking off unless a request turns it on");
+    c->add_flag("-q,--quiet", o->quiet, "no progress bar");
+    c->add_option("-t,--threads", o->threads, "model threads (0: all)");
+    c->callback([o] {
+        const std::string path = o->model.empty() ? bundled_model() : o->model;
+        if (o->srv.decoder == "speculative" && o->srv.block < 2) fail("serve: --block must be at least 2 for the speculative decoder");
+        if (o->srv.max_tokens_limit > o->srv.ctx) o->srv.max_tokens_limit = o->srv.ctx;
+        o->srv.default_max_tokens = std::min(o->srv.default_max_tokens, o->srv.max_tokens_limit);
+        o->srv.model_id = o->alias.empty() ? std::filesystem::path(path).filename().replace_extension().string() : o->alias;
+        const tokenizer tok = tokenizer::from_file(path);
+        auto m = load_with_progress(path, o->threads, o->quiet);
+        server::server srv(*m, tok, o->srv);
+        const int port = srv.start();
+        const bool local = o->srv.host == "127.0.0.1" || o->srv.host == "localhost" || o->srv.host == "::1";
+        if (!local && o->srv.api_key.empty())
+            std::fprintf(stderr, "warning: listening on %s without --api-key: anyone who can reach this address can use the model\n",
+                         o->srv.host.c_str());
+        std::fprintf(stderr, "clover serve: model '%s' on http://%s:%d/v1 (ctx %lld, decoder %s%s); Ctrl-C stops\n",
+                     o->srv.model_id.c_str(), o->srv.host.c_str(), port, (long long)o->srv.ctx, o->srv.decoder.c_str(),
+                     o->srv.api_key.empty() ? "" : ", API key required");
+        std::signal(SIGINT, serve_on_signal);
+        std::signal(SIGTERM, serve_on_signal);
+        while (!serve_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        std::fprintf(stderr, "clover serve: stopping\n");
+        srv.stop();
+    });
+}
+
+}  // namespace clover::cli
