@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <ctime>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -72,6 +73,7 @@ public:
             svr_.reset();
             fail("serve: cannot listen on ", opt_.host, ":", opt_.port, " (address in use or not available)");
         }
+        raise_backlog(port_);
         stopping_ = false;
         worker_ = std::thread([this] { worker_loop(); });
         listener_ = std::thread([this] { svr_->listen_after_bind(); });
@@ -103,6 +105,35 @@ public:
     }
 
 private:
+    // httplib listens with a backlog of 5: more clients connecting at once lose their SYN and
+    // retry a second later. Linux lets listen() on the listening socket raise the backlog.
+    static void raise_backlog(int port) {
+#ifdef __linux__
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        for (const auto& e : fs::directory_iterator("/proc/self/fd", ec)) {
+            int fd = -1;
+            try {
+                fd = std::stoi(e.path().filename().string());
+            } catch (...) {
+                continue;
+            }
+            int listening = 0;
+            socklen_t len = sizeof listening;
+            if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+            sockaddr_storage addr{};
+            socklen_t alen = sizeof addr;
+            if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+            int p = -1;
+            if (addr.ss_family == AF_INET) p = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+            if (addr.ss_family == AF_INET6) p = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+            if (p == port) ::listen(fd, 512);
+        }
+#else
+        (void)port;
+#endif
+    }
+
     struct job {
         request req;
         std::mutex mu;
