@@ -125,6 +125,7 @@ def main():
     ap.add_argument("--ff-sh", type=int, default=256)
     ap.add_argument("--eval-every", type=float, default=300, help="seconds")
     ap.add_argument("--bench", type=int, default=0, help="time N steps and exit")
+    ap.add_argument("--init", default="", help="start from this checkpoint's weights (and optimizer state when saved)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -133,12 +134,18 @@ def main():
     train_stream, held_stream = load_tokens(tok, "/tmp/clover_small_tokens.npz")
     cfg = model_config(args, tok)
     model = CloverModel(cfg)
+    init_ck = torch.load(args.init, map_location="cpu") if args.init else None
+    if init_ck:
+        assert init_ck["config"] == dataclasses.asdict(cfg), "--init checkpoint has another shape"
+        model.load_state_dict(init_ck["model"])
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params {n_params}  train tokens {len(train_stream)}  held-out tokens {len(held_stream)}", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.endswith(("conv", "conv_right"))]
     nodecay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and not n.endswith(("conv", "conv_right")))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": nodecay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    if init_ck and "optimizer" in init_ck:
+        opt.load_state_dict(init_ck["optimizer"])
     os.makedirs(args.out, exist_ok=True)
     budget = args.minutes * 60
     t0 = time.time()
@@ -156,12 +163,14 @@ def main():
     def save(tag, ev):
         ck = {"config": dataclasses.asdict(cfg), "model": model.state_dict(), "step": step, "tokens": tokens,
               "seconds": time.time() - t0, "eval": ev, "args": vars(args)}
+        if tag == "latest":
+            ck["optimizer"] = opt.state_dict()
         torch.save(ck, os.path.join(args.out, tag + ".pt"))
 
     while True:
         el = time.time() - t0
         frac = min(1.0, el / budget)
-        if step < args.warmup:
+        if step < args.warmup and not init_ck:
             lr = args.lr * (step + 1) / args.warmup
         else:
             lr = args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
