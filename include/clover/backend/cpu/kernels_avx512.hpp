@@ -103,18 +103,25 @@ inline void k4_scales(const std::uint8_t* b, std::uint64_t& sc, std::uint64_t& m
     mn = std::uint64_t(m_lo) | (std::uint64_t(m_hi) << 32);
 }
 
-// Scale vectors for the 4 pairs of sub-blocks: int16 lanes 0–15 = sc[2p], 16–31 = sc[2p+1].
-inline void k4_scale_vectors(std::uint64_t sc, __m512i* sv) {
-    const __m512i w8 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(std::int64_t(sc))));
-    for (int p = 0; p < 4; ++p) {
-        // bytes of words 2p (lanes 0–1 of 128 bits) and 2p+1 (lanes 2–3), repeated
-        const char a0 = char(4 * p), a1 = char(4 * p + 1), b0 = char(4 * p + 2), b1 = char(4 * p + 3);
-        const __m512i ctl = _mm512_set_epi8(b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0,
-                                             b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0,
-                                             a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0,
-                                             a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0);
-        sv[p] = _mm512_shuffle_epi8(w8, ctl);
-    }
+// Scale vectors for the pairs of sub-blocks: int16 lanes 0–15 = sc[2p], 16–31 = sc[2p+1].
+// k4_scale_bytes keeps the 8 scales as words in every 128-bit lane (one register per row);
+// k4_scale_pair picks pair p with one byte shuffle when it is needed. Building all four
+// vectors up front needs 4 registers per row: with 4 rows that spilled and ran the one-row
+// (decode) product at a third of the memory bandwidth (measured: Q6_K 6 GB/s before, see
+// bench_kernels).
+inline __m512i k4_scale_bytes(std::uint64_t sc) {
+    return _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(std::int64_t(sc))));
+}
+inline __m512i k4_scale_pair(__m512i w8, int p) {
+    alignas(64) static const std::int8_t ctl[4][64] = {
+#define CLOVER_K4_CTL(a0, a1, b0, b1)                                                                                   \
+    {a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, \
+     a0, a1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, \
+     b0, b1, b0, b1}
+        CLOVER_K4_CTL(0, 1, 2, 3), CLOVER_K4_CTL(4, 5, 6, 7), CLOVER_K4_CTL(8, 9, 10, 11), CLOVER_K4_CTL(12, 13, 14, 15)
+#undef CLOVER_K4_CTL
+    };
+    return _mm512_shuffle_epi8(w8, _mm512_load_si512(ctl[p]));
 }
 
 // dmin · m[0..7] as 8 floats (zero-extended to 16 lanes).
@@ -141,21 +148,22 @@ void k4_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t
         for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     for (std::int64_t b = 0; b < nsb; ++b) {
         const Block* blk[R];
-        __m512i sv[R][4];
+        __m512i sw[R];
         __m512 mv[R];
         float d[R];
         for (int r = 0; r < R; ++r) {
             blk[r] = reinterpret_cast<const Block*>(w + std::size_t(r) * ws) + b;
             std::uint64_t sc, mn;
             k4_scales(blk[r]->scales, sc, mn);
-            k4_scale_vectors(sc, sv[r]);
+            sw[r] = k4_scale_bytes(sc);
             mv[r] = k4_mins(mn, h2f(blk[r]->dmin));
             d[r] = h2f(blk[r]->d);
         }
         __m512i isum[R][C];
         for (int p = 0; p < 4; ++p) {
-            __m512i wv[R];
+            __m512i wv[R], sv[R];
             for (int r = 0; r < R; ++r) {
+                sv[r] = k4_scale_pair(sw[r], p);
                 wv[r] = k4_nibbles(blk[r]->qs + 32 * p);
                 if constexpr (Five) {
                     const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r]->qh)));
@@ -168,7 +176,7 @@ void k4_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t
                 const __m512i av = _mm512_load_si512(ab.qs + 64 * p);
                 for (int r = 0; r < R; ++r) {
                     const __m512i prod = _mm512_maddubs_epi16(wv[r], av);
-                    isum[r][c] = p == 0 ? _mm512_madd_epi16(prod, sv[r][p]) : dot_i16(isum[r][c], prod, sv[r][p]);
+                    isum[r][c] = p == 0 ? _mm512_madd_epi16(prod, sv[r]) : dot_i16(isum[r][c], prod, sv[r]);
                 }
             }
         }
@@ -210,19 +218,12 @@ void q6_k_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size
     const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
     for (std::int64_t b = 0; b < nsb; ++b) {
         const quant::block_q6_k* blk[R];
-        __m512i sv[R][4], off[R];
+        __m512i s16z[R], off[R];
         float d[R];
         for (int r = 0; r < R; ++r) {
             blk[r] = reinterpret_cast<const quant::block_q6_k*>(w + std::size_t(r) * ws) + b;
             const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[r]->scales)));
-            const __m512i s = _mm512_zextsi256_si512(s16);
-            for (int g = 0; g < 4; ++g) {
-                // lanes 8i..8i+7 ← scale 4g + i
-                const __m512i idx = _mm512_add_epi16(_mm512_set1_epi16(short(4 * g)),
-                                                     _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
-                                                                                        15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3));
-                sv[r][g] = _mm512_permutexvar_epi16(idx, s);
-            }
+            s16z[r] = _mm512_zextsi256_si512(s16);  // group scales as words; expanded per group below
             off[r] = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 5)));  // −32·sc
             d[r] = h2f(blk[r]->d);
         }
@@ -234,8 +235,16 @@ void q6_k_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size
         }
         for (int g = 0; g < 4; ++g) {
             const int h = g / 2;
-            __m512i wv[R];
+            // lanes 8i..8i+7 ← scale 4g + i (one vpermw per row and group; see k4_scale_pair)
+            alignas(64) static const std::int16_t idx_tab[4][32] = {
+                {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+                {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+                {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+                {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13, 14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
+            const __m512i idx = _mm512_load_si512(idx_tab[g]);
+            __m512i wv[R], sv[R];
             for (int r = 0; r < R; ++r) {
+                sv[r] = _mm512_permutexvar_epi16(idx, s16z[r]);
                 const __m512i ql = _mm512_loadu_si512(blk[r]->ql + 64 * h);
                 const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r]->qh + 32 * h)));
                 const __m512i lo = (g & 1) ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4) : _mm512_and_si512(ql, m4);
@@ -246,7 +255,7 @@ void q6_k_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size
             for (int c = 0; c < C; ++c) {
                 const auto& ab = reinterpret_cast<const a8k_block*>(a + std::size_t(c) * as)[b];
                 const __m512i av = _mm512_load_si512(ab.qs + 64 * g);
-                for (int r = 0; r < R; ++r) isum[r][c] = dot_i16(isum[r][c], _mm512_maddubs_epi16(wv[r], av), sv[r][g]);
+                for (int r = 0; r < R; ++r) isum[r][c] = dot_i16(isum[r][c], _mm512_maddubs_epi16(wv[r], av), sv[r]);
             }
         }
         for (int c = 0; c < C; ++c) {
