@@ -46,6 +46,7 @@ public:
         : hp_(read_hparams(*file, warn)), weights_(bind_weights(file, hp_)), be_(opt) {
         check_fits<V>(hp_, file->path());
         if constexpr (!V::diffusion) weights_.missing_diffusion.clear();  // causal-only variants never ask
+        if constexpr (requires { be_.map_weights(file->map().bytes()); }) be_.map_weights(file->map().bytes());
     }
 
     const hparams& hp() const { return hp_; }
