@@ -7,8 +7,15 @@
 // continuation, so tool calls and thinking come out exactly as a trained model would write them.
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+
 #include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <clover/model/synth.hpp>
@@ -612,3 +619,81 @@ TEST_CASE("server: stop() ends queued and running requests; a second server can 
     server::basic_server<scripted_model> again(sm, f.tok, opts(port));
     CHECK(again.start() == port);
 }
+
+#ifdef CLOVER_CLI
+namespace {
+struct proc_result {
+    int status = -1;
+    std::string out, err;
+};
+proc_result sh(const std::string& args) {
+    const std::string err_path = testutil::tmp("server_cli_err.txt");
+    const std::string cmd = "timeout 60 " + std::string(CLOVER_CLI) + " " + args + " 2>" + err_path + " </dev/null";
+    proc_result r;
+    std::FILE* p = popen(cmd.c_str(), "r");
+    REQUIRE(p != nullptr);
+    char buf[4096];
+    std::size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    const int st = pclose(p);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    std::ifstream e(err_path);
+    std::stringstream ss;
+    ss << e.rdbuf();
+    r.err = ss.str();
+    return r;
+}
+}  // namespace
+
+TEST_CASE("clover run: streams, prints the summary line, says clearly when the bundled model is missing") {
+    const auto& path = model_path();
+    auto r = sh("run -m " + path + " -p hello -n 6 --greedy");
+    CHECK(r.status == 0);
+    CHECK(r.out.starts_with("<think>\n"));
+    CHECK(r.err.find("6 tokens, 6 passes, TPF 1.00") != std::string::npos);
+    auto nt = sh("run -m " + path + " -p hello -n 4 --no-think --decoder diffusion --block 4 -q");
+    CHECK(nt.status == 0);
+    CHECK_FALSE(nt.out.starts_with("<think>"));
+    CHECK(nt.err.find("diffusion") != std::string::npos);
+    auto bad = sh("run -m " + path + " -n 4");
+    CHECK(bad.status != 0);
+    CHECK(bad.err.find("prompt") != std::string::npos);
+    if (!std::filesystem::exists(std::string(CLOVER_SOURCE_DIR) + "/models/clover-small.gguf")) {
+        auto none = sh("run -p hello -n 2");
+        CHECK(none.status != 0);
+        CHECK(none.err.find("models/clover-small.gguf") != std::string::npos);
+        CHECK(none.err.find("-m") != std::string::npos);
+    }
+}
+
+TEST_CASE("clover serve: binds 127.0.0.1, answers, stops on SIGTERM") {
+    const std::string err_path = testutil::tmp("serve_cli_err.txt");
+    const std::string pid_path = testutil::tmp("serve_cli_pid.txt");
+    std::remove(err_path.c_str());
+    const std::string cmd = "timeout 60 " + std::string(CLOVER_CLI) + " serve -q --port 0 -m " + model_path() + " 2>" + err_path +
+                            " </dev/null >/dev/null & echo $! > " + pid_path;
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    int port = 0;
+    CHECK(eventually([&] {
+        std::ifstream e(err_path);
+        std::stringstream ss;
+        ss << e.rdbuf();
+        const std::string s = ss.str();
+        const auto at = s.find("http://127.0.0.1:");
+        if (at == std::string::npos) return false;
+        port = std::atoi(s.c_str() + at + 17);
+        return port > 0;
+    }));
+    REQUIRE(port > 0);
+    CHECK(get(port, "/health").status == 200);
+    json req = user("hi");
+    req["max_tokens"] = 3;
+    CHECK(post(port, "/v1/chat/completions", req).status == 200);
+    std::ifstream pf(pid_path);
+    long pid = 0;
+    pf >> pid;
+    REQUIRE(pid > 0);
+    ::kill(pid_t(pid), SIGTERM);  // the `timeout` wrapper passes it on
+    CHECK(eventually([&] { return get(port, "/health").status == 0; }, 10));
+}
+#endif
