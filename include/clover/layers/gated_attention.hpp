@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "clover/backend/cpu/cpu.hpp"
+#include "clover/backend/cpu/vec_ops.hpp"
 #include "clover/core/math.hpp"
 #include "clover/layers/rope.hpp"
 #include "clover/model/passes.hpp"
@@ -66,19 +67,12 @@ struct gated_attention {
         p.resize(static_cast<std::size_t>(n));
         auto key = [&](std::int64_t j) { return j < a.n ? a.k + j * a.stride : b.k + (j - a.n) * b.stride; };
         auto val = [&](std::int64_t j) { return j < a.n ? a.v + j * a.stride : b.v + (j - a.n) * b.stride; };
-        for (std::int64_t j = 0; j < n; ++j) {
-            const float* kj = key(j);
-            float s = 0.f;
-            for (std::int64_t i = 0; i < hd; ++i) s += qh[i] * kj[i];
-            p[j] = s * scale;
-        }
+        // SIMD dot/axpy (backend/cpu/vec_ops.hpp): fixed order per row, so verify rows still
+        // equal AR rows; the plain loop was one add per 4 cycles (no vectorised reductions).
+        for (std::int64_t j = 0; j < n; ++j) p[j] = backend::cpu_detail::dot_f32(qh, key(j), hd) * scale;
         math::softmax(p.data(), n);
         for (std::int64_t i = 0; i < hd; ++i) out[i] = 0.f;
-        for (std::int64_t j = 0; j < n; ++j) {
-            const float* vj = val(j);
-            const float pj = p[j];
-            for (std::int64_t i = 0; i < hd; ++i) out[i] += pj * vj[i];
-        }
+        for (std::int64_t j = 0; j < n; ++j) backend::cpu_detail::axpy(p[j], val(j), out, hd);
     }
 
     static float scale_of(const dims<V>& d) {
