@@ -352,6 +352,7 @@ inline void make_hf_folder(const std::string& gguf, const fs::path& dir, const h
 struct rewrite_options {
     bool drop_shared_count = false;
     bool norms_minus_one = false;
+    bool attn_norms_minus_one = false;  // only blk.N.attn_norm: a file whose norms disagree
     bool a_log = false;        // store A_log = log(−ssm_a)
     bool settle_a = false;     // store −exp(log(−ssm_a)): what patching the a_log variant gives back
     bool grouped = false;      // V heads in HF order
@@ -370,7 +371,8 @@ inline void rewrite_gguf(const std::string& in, const std::string& out, const re
         std::vector<std::byte> b(t.data, t.data + t.nbytes);
         const bool norm = t.name.ends_with("norm.weight") && !t.name.ends_with("ssm_norm.weight");
         const bool a = t.name.ends_with(".ssm_a");
-        if ((norm && o.norms_minus_one) || (a && (o.a_log || o.settle_a))) {
+        const bool minus = o.norms_minus_one || (o.attn_norms_minus_one && t.name.ends_with(".attn_norm.weight"));
+        if ((norm && minus) || (a && (o.a_log || o.settle_a))) {
             std::vector<float> v = decode(t);
             for (float& x : v) x = norm ? io::zero_centred_norm(x) : o.a_log ? io::a_log_of(x) : io::canonical_ssm_a(io::a_log_of(x));
             b = encode(v, t.type);

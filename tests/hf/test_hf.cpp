@@ -398,6 +398,9 @@ TEST_CASE("malformed config.json: one clear error naming the file and field") {
         {"\"num_experts\": 5", "\"num_experts\": 4", "mlp.gate.weight' has shape [5, 40], expected [4, 40] (from config.json)"},
         {"\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act 'gelu'"},
         {"\"rms_norm_eps\": ", "\"rms_norm_eps\": -", "rms_norm_eps"},
+        {"\"hidden_act\": \"silu\"", "\"hidden_act\": \"silu\", \"quantization_config\": {\"quant_method\": \"fp8\"}",
+         "a quantized checkpoint (quantization_config: fp8) is not supported"},
+        {"\"attention_bias\": false", "\"attention_bias\": false, \"attn_output_gate\": false", "attn_output_gate = false"},
     };
     for (const auto& c : cases) {
         CAPTURE(c.needle);

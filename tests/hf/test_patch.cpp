@@ -149,6 +149,13 @@ TEST_CASE("gguf patch: detection says what it found and what it cannot tell") {
     CHECK(d.find("zero-centred: the +1 was not folded") != std::string::npos);
     CHECK(d.find("holds A_log") != std::string::npos);
     CHECK(d.find("expert_shared_count is missing") != std::string::npos);
+    // Norms that disagree are not decided by the heuristic: reported as mixed, left alone.
+    const auto mixed = testutil::tmp("patch_mixed.gguf");
+    hftest::rewrite_gguf(b.settled, mixed, {.attn_norms_minus_one = true});
+    const auto rm = detect_variant(io::gguf_file(mixed));
+    CHECK(rm.norms_mixed);
+    CHECK(!rm.norms_zero_centred);
+    CHECK(rm.describe().find("mixed, cannot tell") != std::string::npos);
     // Overrides win over detection.
     const auto out = testutil::tmp("patch_override.gguf");
     auto res = patch_file(var, out, {.norms_add_one = false, .ssm_a_from_a_log = false});

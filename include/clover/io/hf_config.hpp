@@ -153,6 +153,13 @@ inline hf_config read_hf_config(std::filesystem::path path) {
     if (kinds.find("qwen3_next") != std::string::npos || kinds.find("qwen3next") != std::string::npos)
         fail(c.source, ": model_type qwen3_next (fused in_proj_qkvz / in_proj_ba projections) is not supported; "
                        "this loader reads Qwen3.5/3.6-MoE and Clover checkpoints");
+    if (const json::value* q = f.find("quantization_config"); q && q->is_object()) {
+        const json::value* m = q->find("quant_method");
+        fail(c.source, ": a quantized checkpoint (quantization_config", m && m->is_string() ? ": " + m->s : std::string(),
+             ") is not supported; use the BF16/F16/F32 checkpoint");
+    }
+    if (f.opt_bool("attn_output_gate") == false)
+        fail(c.source, ": attn_output_gate = false is not supported (Qwen3.5 attention has the output gate)");
     c.name = f.opt_string("_name_or_path");
     if (c.name.empty()) c.name = path.parent_path().filename().string();
 

@@ -19,6 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "clover/core/error.hpp"
 #include "clover/io/canonical_form.hpp"
 #include "clover/io/gguf_writer.hpp"
@@ -61,6 +64,15 @@ inline void parallel_rows(std::int64_t n, std::int64_t work_per_row, int threads
     for (auto& th : pool) th.join();
     for (auto& e : errs)
         if (e) std::rethrow_exception(e);
+}
+
+// Drops our mapping's pages of [p, p + n) once a tensor is written: they stay in the page
+// cache, but the process's resident size stays near one tensor instead of the whole model.
+inline void release(const std::byte* p, std::size_t n) {
+    const auto page = std::uintptr_t(::sysconf(_SC_PAGESIZE));
+    const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p) / page * page;
+    const std::uintptr_t b = (reinterpret_cast<std::uintptr_t>(p) + n + page - 1) / page * page;
+    if (b > a) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
 }
 
 // llama.cpp's use_more_bits (Q4_K_M keeps some attn_v / ffn_down tensors in Q6_K).
@@ -177,6 +189,8 @@ inline convert_result convert(const std::filesystem::path& dir, const std::files
                     quant::quantize_row(t, a.data(), d, ne0);
                 }
             });
+            for (const row_src& part : pt.parts)
+                conv_detail::release(part.t->data + std::size_t(part.row0) * pt.src_row_bytes(), std::size_t(part.nrows) * pt.src_row_bytes());
         });
         sizes.push_back(w.tensors().back().nbytes);
     }

@@ -54,6 +54,7 @@ struct variant_report {
     std::size_t n_norm_tensors = 0, n_norms_disagree = 0;
     double norm_median_mean = 1.0;  // median over norm tensors of each tensor's mean
     bool norms_zero_centred = false;
+    bool norms_mixed = false;       // more than 10 % of the norm tensors on the other side: not decided
     std::size_t n_ssm_a_values = 0, n_ssm_a_nonneg = 0;
     bool ssm_a_is_a_log = false;
     std::optional<io::v_order> v_order_stated;  // from {arch}.gdn.v_head_order
@@ -73,8 +74,9 @@ struct variant_report {
         if (n_norm_tensors) {
             std::snprintf(b, sizeof b, "  %s norm weights: median per-tensor mean %.3f over %zu tensors -> %s%s\n",
                           norms_zero_centred ? "-" : " ", norm_median_mean, n_norm_tensors,
-                          norms_zero_centred ? "zero-centred: the +1 was not folded" : "folded (+1 applied, canonical)",
-                          n_norms_disagree ? " (some tensors disagree)" : "");
+                          norms_mixed ? "mixed, cannot tell (say it with --norms)"
+                          : norms_zero_centred ? "zero-centred: the +1 was not folded" : "folded (+1 applied, canonical)",
+                          n_norms_disagree && !norms_mixed ? " (a few tensors disagree)" : "");
             s += b;
         }
         if (n_ssm_a_values) {
@@ -153,7 +155,7 @@ inline variant_report detect_variant(const io::gguf_file& f) {
             if (t.type != dtype::f32 && t.type != dtype::f16 && t.type != dtype::bf16) continue;
             for (float x : variant_detail::values(t, f.path())) {
                 ++r.n_ssm_a_values;
-                r.n_ssm_a_nonneg += x >= 0.f;
+                r.n_ssm_a_nonneg += x > 0.f || (x == 0.f && !std::signbit(x));  // −exp(very negative) is −0: canonical
             }
         }
     }
@@ -162,8 +164,11 @@ inline variant_report detect_variant(const io::gguf_file& f) {
         std::vector<double> m = means;
         std::nth_element(m.begin(), m.begin() + std::ptrdiff_t(m.size() / 2), m.end());
         r.norm_median_mean = m[m.size() / 2];
-        r.norms_zero_centred = r.norm_median_mean < 0.5;
-        for (double x : means) r.n_norms_disagree += (x < 0.5) != r.norms_zero_centred;
+        const bool low = r.norm_median_mean < 0.5;
+        for (double x : means) r.n_norms_disagree += (x < 0.5) != low;
+        // Only a clear majority counts: a file whose norms split both ways is reported as mixed.
+        r.norms_zero_centred = low && r.n_norms_disagree * 10 <= means.size();
+        r.norms_mixed = r.n_norms_disagree * 10 > means.size();
     }
     r.ssm_a_is_a_log = r.n_ssm_a_nonneg > 0;
     if (auto o = f.get_string(p + "gdn.v_head_order")) {
