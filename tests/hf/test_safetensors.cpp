@@ -61,8 +61,8 @@ TEST_CASE("json: values, escapes, integers and the structure kept in file order"
                                   "big": 9223372036854775807, "huge": 18446744073709551616, "o": {}} )",
                              "doc");
     REQUIRE(v.is_object());
-    REQUIRE(v.members.size() == 5);
-    CHECK(v.members[0].first == "a");
+    REQUIRE(v.size() == 5);
+    CHECK(v.keys[0] == "a");
     const auto& a = *v.find("a");
     REQUIRE(a.items.size() == 7);
     CHECK((a.items[0].integral && a.items[0].i == 1));

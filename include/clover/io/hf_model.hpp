@@ -154,7 +154,9 @@ inline void open_shards(hf_folder& f, std::map<std::string, located, std::less<>
         const io::json::value* wm = root.is_object() ? root.find("weight_map") : nullptr;
         if (!wm || !wm->is_object()) fail(index.string(), ": no 'weight_map' object");
         std::set<std::string> seen;
-        for (const auto& [name, v] : wm->members) {
+        for (std::size_t k = 0; k < wm->size(); ++k) {
+            const std::string& name = wm->keys[k];
+            const io::json::value& v = wm->items[k];
             if (!v.is_string() || v.s.empty()) fail(index.string(), ": weight_map['", name, "'] is not a file name");
             const fs::path rel(v.s);
             bool safe = !rel.is_absolute();

@@ -32,8 +32,11 @@ struct value {
     bool integral = false;    // written without fraction or exponent and fits int64
     std::int64_t i = 0;       // the integer when integral
     std::string s;
-    std::vector<value> items;                              // array
-    std::vector<std::pair<std::string, value>> members;   // object, in file order, keys unique
+    // Arrays: the items. Objects: the values, in file order, with keys[i] naming items[i]
+    // (keys unique). Two vectors rather than pairs: a vector of an incomplete value type is
+    // allowed, a pair of one is not (clang refuses it).
+    std::vector<value> items;
+    std::vector<std::string> keys;
 
     bool is_null() const { return k == kind::null; }
     bool is_object() const { return k == kind::object; }
@@ -42,9 +45,10 @@ struct value {
     bool is_number() const { return k == kind::number; }
     bool is_bool() const { return k == kind::boolean; }
 
+    std::size_t size() const { return items.size(); }
     const value* find(std::string_view key) const {
-        for (const auto& [name, v] : members)
-            if (name == key) return &v;
+        for (std::size_t i = 0; i < keys.size(); ++i)
+            if (keys[i] == key) return &items[i];
         return nullptr;
     }
 };
@@ -203,17 +207,17 @@ struct parser {
                     ++pos;
                     std::string key = string_body();
                     bool dup = false;
-                    if (v.members.size() < 16) {
-                        for (const auto& m : v.members) dup = dup || m.first == key;
+                    if (v.keys.size() < 16) {
+                        for (const auto& k : v.keys) dup = dup || k == key;
                     } else {
                         if (seen.empty())
-                            for (const auto& m : v.members) seen.insert(m.first);
+                            for (const auto& k : v.keys) seen.insert(k);
                         dup = !seen.insert(key).second;
                     }
                     if (dup) error("duplicate key \"" + key.substr(0, 80) + "\"");
                     expect(':', "expected ':'");
-                    value item = parse_value(depth + 1);
-                    v.members.emplace_back(std::move(key), std::move(item));
+                    v.items.push_back(parse_value(depth + 1));
+                    v.keys.push_back(std::move(key));
                 } while (eat(','));
                 expect('}', "expected ',' or '}'");
             } else {

@@ -89,13 +89,15 @@ inline std::vector<st_tensor> parse_safetensors(std::span<const std::byte> file,
     const std::uint64_t data_size = file.size() - 8 - n;
 
     std::vector<st_tensor> out;
-    out.reserve(root.members.size());
-    for (auto& [name, entry] : root.members) {
+    out.reserve(root.size());
+    for (std::size_t e = 0; e < root.size(); ++e) {
+        const std::string& name = root.keys[e];
+        const json::value& entry = root.items[e];
         if (name == "__metadata__") {
             if (!entry.is_object()) fail(path, ": __metadata__ is not an object");
-            for (auto& [k, v] : entry.members) {
-                if (!v.is_string()) fail(path, ": __metadata__['", k, "'] is not a string");
-                if (metadata) metadata->emplace_back(k, v.s);
+            for (std::size_t k = 0; k < entry.size(); ++k) {
+                if (!entry.items[k].is_string()) fail(path, ": __metadata__['", entry.keys[k], "'] is not a string");
+                if (metadata) metadata->emplace_back(entry.keys[k], entry.items[k].s);
             }
             continue;
         }
