@@ -41,6 +41,20 @@ struct result {
     }
 };
 
+// Weight bytes one generated token reads (the numerator of the memory roofline): every matrix
+// once, but only n_expert_used/n_expert of each routed-expert tensor and one row of the token
+// embedding (unless it is also the LM head).
+inline double gen_bytes_per_token(const io::gguf_file& f, const hparams& h) {
+    const bool tied = f.find_tensor("output.weight") == nullptr;
+    double b = 0;
+    for (const auto& t : f.tensors()) {
+        if (t.name == "token_embd.weight" && !tied) b += double(t.nbytes) / double(std::max<std::int64_t>(1, t.ne[1]));
+        else if (t.n_dims == 3 && t.ne[2] == h.n_expert) b += double(t.nbytes) * double(h.n_expert_used) / double(h.n_expert);
+        else b += double(t.nbytes);
+    }
+    return b;
+}
+
 inline std::string type_summary(const io::gguf_file& f) {
     // The file type the way llama-bench names it: the most common matrix type by bytes.
     std::vector<std::pair<std::size_t, std::string>> by;
@@ -88,6 +102,7 @@ inline void add_bench_commands(CLI::App& app) {
             params += std::size_t(t.nelements());
         }
         const std::int64_t V = m->n_vocab();
+        const double gen_bytes = bench_detail::gen_bytes_per_token(f, m->hp());
         const std::int64_t ctx = std::max<std::int64_t>(1, o->n_prompt + o->n_gen);
         rng r(1234);
         auto random_ids = [&](std::int64_t n) {
@@ -134,10 +149,11 @@ inline void add_bench_commands(CLI::App& app) {
                 }
                 std::printf("{\"engine\":\"clover\",\"model\":\"%s\",\"size_gib\":%.3f,\"params_b\":%.3f,\"backend\":\"%s\","
                             "\"isa\":\"%s\",\"threads\":%d,\"decoder\":\"%s\",\"test\":\"%s\",\"n_prompt\":%lld,\"n_gen\":%lld,"
-                            "\"avg_ts\":%.4f,\"stddev_ts\":%.4f,\"samples_ts\":[%s],\"tokens_per_pass\":%.4g,\"load_s\":%.3f}\n",
+                            "\"avg_ts\":%.4f,\"stddev_ts\":%.4f,\"samples_ts\":[%s],\"tokens_per_pass\":%.4g,\"load_s\":%.3f,"
+                            "\"gen_bytes_per_token\":%.0f}\n",
                             desc.c_str(), double(bytes) / (1024.0 * 1024 * 1024), double(params) / 1e9, backend::cpu::name,
                             backend::cpu::isa_name(), threads, o->decoder.c_str(), t.test.c_str(), (long long)t.n_prompt,
-                            (long long)t.n_gen, t.avg(), t.sd(), samples.c_str(), tpp, load_s);
+                            (long long)t.n_gen, t.avg(), t.sd(), samples.c_str(), tpp, load_s, gen_bytes);
             } else {
                 std::printf("| %-28.28s | %5.2f GiB | %5.2f B | %-10s | %7d | %8s | %8.2f ± %5.2f |\n", desc.c_str(),
                             double(bytes) / (1024.0 * 1024 * 1024), double(params) / 1e9,
@@ -146,7 +162,9 @@ inline void add_bench_commands(CLI::App& app) {
             }
             std::fflush(stdout);
         }
-        if (!o->json) std::printf("\nload: %.3f s (weights mmapped in place)\n", load_s);
+        if (!o->json)
+            std::printf("\nload: %.3f s (weights mmapped in place); a generated token reads %.1f MB of weights\n", load_s,
+                        gen_bytes / 1e6);
     });
 }
 
