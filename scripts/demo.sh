@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# The demo: until the bundled trained Clover model lands, a synthetic tiny model of the real
-# architecture (random weights, so the ids are meaningless) shows the pipeline end to end.
+# The demo: the bundled small Clover model (models/clover-small.gguf, trained here on Python
+# standard-library sources; see tools/train/README.md) completes a piece of Python, first
+# causally (AR), then by block diffusion — the summary line on stderr shows passes and TPF.
 set -euo pipefail
 build=${BUILD:-build}
 clover="$build/clover"
-model="$build/demo-tiny.gguf"
-"$clover" gguf synth --arch clover_moe --preset tiny -o "$model" 2>/dev/null
-"$clover" gguf info "$model" | tail -3
-echo "greedy generation of 32 tokens after the prompt 1,2,3 (ids on stdout, stats on stderr):"
-"$clover" generate -m "$model" --ids 1,2,3 -n 32 --greedy --ignore-eos
+"$clover" gguf info models/clover-small.gguf | tail -3
+prompt='def read_config(path):
+    """Read a configuration file and return a dict."""
+'
+for decoder in ar diffusion speculative; do
+    echo "--- clover run --raw --decoder $decoder"
+    "$clover" run --raw -p "$prompt" -n 64 --decoder "$decoder"
+    echo
+done
