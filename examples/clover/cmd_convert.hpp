@@ -66,6 +66,9 @@ inline void add_patch_command(CLI::App* gguf) {
         std::fprintf(stderr, "\npatch: %s: %s; %zu tensors rewritten, %zu copied as they are; %s in %.2f s (%.2f GB/s)\n",
                      o->out.c_str(), applied.empty() ? "nothing to patch (a byte copy with clover.patch.applied)" : applied.c_str(),
                      r.n_changed, r.n_copied, gb(r.bytes).c_str(), r.seconds, r.seconds > 0 ? double(r.bytes) / 1e9 / r.seconds : 0.0);
+        if (r.v_order_assumed)
+            std::fprintf(stderr, "patch: note: the file does not state its V-head order and values cannot tell; tiled (canonical) was "
+                                 "assumed — if its converter skipped the reorder, patch again with --v-heads grouped\n");
     });
 }
 

@@ -160,6 +160,8 @@ TEST_CASE("gguf patch: detection says what it found and what it cannot tell") {
     const auto out = testutil::tmp("patch_override.gguf");
     auto res = patch_file(var, out, {.norms_add_one = false, .ssm_a_from_a_log = false});
     CHECK(res.applied == std::vector<std::string>{"expert_shared_count"});
+    CHECK(res.v_order_assumed);  // said on the command line: tiled was assumed
+    CHECK(!patch_file(var, out, {.v_heads = v_heads_choice::tiled}).v_order_assumed);
 }
 
 TEST_CASE("gguf patch: a patched file needs nothing more; a canonical file is copied as it is") {

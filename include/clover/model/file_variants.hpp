@@ -323,6 +323,7 @@ inline std::shared_ptr<const io::gguf_file> load_canonical(const std::filesystem
 
 struct patch_result {
     std::vector<std::string> applied;
+    bool v_order_assumed = false;  // GDN file that does not state its V-head order, and no --v-heads: tiled assumed
     std::size_t n_changed = 0, n_copied = 0;
     std::uint64_t bytes = 0;  // size of OUT
     double seconds = 0;
@@ -393,6 +394,7 @@ inline patch_result patch_file(const std::filesystem::path& in, const std::files
     const patch_plan p = plan_patch(f, r, o);
     patch_result res;
     res.applied = p.applied;
+    res.v_order_assumed = r.has_gdn && !r.v_order_stated && o.v_heads == v_heads_choice::from_file;
 
     io::gguf_writer w(f.alignment());
     put_keys(w, f, r, p, false);
