@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# clover vs llama.cpp v0.5.0 (the prebuilt CPU libraries of @node-llama-cpp/linux-x64@3.22.1,
+# driven by tools/llama_bench_peer) on the same GGUF files, side by side in one run:
+#   * pp512 and tg128 tokens/s per engine and thread count; the two engines ALTERNATE (one
+#     invocation each per round, the order swapped every round), ROUNDS rounds, medians;
+#   * this machine's memory read bandwidth (membw, best of its repetitions per thread count)
+#     and each engine's share of the generation roofline BW / (weight bytes per token);
+#   * a markdown table on stdout (and every raw JSON line in $OUT/results.jsonl).
+#
+#   benchmarks/bench_cpu_vs_llama.sh [MODEL.gguf ...]
+#
+# Without models it synthesizes the two of the README (real Clover-35B-A3B dimensions, 8
+# layers, Q8_0 and Q4_K_M) into $MODELS_DIR once. Environment (defaults):
+#   BUILD=build  THREADS="1 2"  ROUNDS=3  P=512  N=128  OUT=bench-out  MODELS_DIR=bench-models
+#   LLAMA_POLL=0   llama.cpp's threadpool polling level. Its default (50) spin-waits, and on this
+#                  shared 2-core machine that made -t 2 several times slower than -t 1 (measured:
+#                  pp64 27 vs 117 t/s with poll 0), so llama.cpp gets its best setting here.
+#   LLAMA_ARGS=""  extra llama_bench_peer flags (e.g. --no-repack, -ctk f32)
+#   CLOVER_ARGS="" extra clover bench flags
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-$here/build}
+THREADS=${THREADS:-"1 2"}
+ROUNDS=${ROUNDS:-3}
+P=${P:-512}
+N=${N:-128}
+OUT=${OUT:-$here/bench-out}
+MODELS_DIR=${MODELS_DIR:-$here/bench-models}
+LLAMA_POLL=${LLAMA_POLL:-0}
+LLAMA_ARGS=${LLAMA_ARGS:-}
+CLOVER_ARGS=${CLOVER_ARGS:-}
+clover=$BUILD/clover
+peer=$BUILD/llama_bench_peer
+membw=$BUILD/membw
+for b in "$clover" "$peer" "$membw"; do
+    [ -x "$b" ] || { echo "bench: $b not built (cmake --build $BUILD --target clover_cli llama_bench_peer membw)" >&2; exit 1; }
+done
+command -v python3 >/dev/null || { echo "bench: python3 is needed for the summary" >&2; exit 1; }
+mkdir -p "$OUT"
+models=("$@")
+if [ ${#models[@]} -eq 0 ]; then
+    mkdir -p "$MODELS_DIR"
+    for ty in q8_0 q4_k_m; do
+        f=$MODELS_DIR/clover-35b-a3b-L8-$ty.gguf
+        if [ ! -f "$f" ]; then
+            echo "bench: synthesizing $f" >&2
+            "$clover" gguf synth --arch qwen35moe --preset clover-35b-a3b --layers 8 --type $ty -o "$f" >&2
+        fi
+        models+=("$f")
+    done
+fi
+res=$OUT/results.jsonl
+: > "$res"
+echo "bench: $(date -u +%FT%TZ) $(uname -n), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+# Memory bandwidth first (and again at the end: the machine is shared; the best counts).
+"$membw" -t "$(echo $THREADS | tr ' ' ',')" -r 7 --mib 2048 --json | sed 's/^{/{"phase":"start",/' >> "$res"
+for m in "${models[@]}"; do
+    for t in $THREADS; do
+        for r in $(seq 1 "$ROUNDS"); do
+            run_llama() {
+                "$peer" -m "$m" -p "$P" -n "$N" -t "$t" -r 1 --poll "$LLAMA_POLL" --json $LLAMA_ARGS |
+                    sed "s|^{|{\"file\":\"$m\",\"round\":$r,|" >> "$res"
+            }
+            run_clover() {
+                "$clover" bench -m "$m" -p "$P" -n "$N" -t "$t" -r 1 --json $CLOVER_ARGS |
+                    sed "s|^{|{\"file\":\"$m\",\"round\":$r,|" >> "$res"
+            }
+            if [ $((r % 2)) -eq 1 ]; then run_llama; run_clover; else run_clover; run_llama; fi
+            echo "bench: $(basename "$m") t=$t round $r/$ROUNDS done (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+        done
+    done
+done
+"$membw" -t "$(echo $THREADS | tr ' ' ',')" -r 7 --mib 2048 --json | sed 's/^{/{"phase":"end",/' >> "$res"
+
+python3 - "$res" "$P" "$N" <<'EOF'
+import json, statistics, sys, os
+path, P, N = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rows = [json.loads(l) for l in open(path) if l.strip()]
+bw = {}
+for r in rows:
+    if r.get("test") == "membw_read":
+        bw[r["threads"]] = max(bw.get(r["threads"], 0), r["best_gbs"])
+bw_max = max(bw.values()) if bw else 0
+runs = [r for r in rows if r.get("test", "").startswith(("pp", "tg"))]
+gen_bytes = {}
+for r in runs:
+    if r["engine"] == "clover": gen_bytes[r["file"]] = r["gen_bytes_per_token"]
+key = lambda r: (r["file"], r["threads"], r["test"], r["engine"])
+groups = {}
+for r in runs: groups.setdefault(key(r), []).extend(r["samples_ts"])
+variant = next((r.get("cpu_variant") for r in runs if r["engine"] == "llama.cpp"), "?")
+isa = next((r.get("isa") for r in runs if r["engine"] == "clover"), "?")
+print(f"| model | threads | test | llama.cpp t/s | clover t/s | clover / llama.cpp | roofline t/s | llama.cpp % | clover % |")
+print(f"|---|---|---|---|---|---|---|---|---|")
+files = sorted({r["file"] for r in runs})
+for f in files:
+    for t in sorted({r["threads"] for r in runs if r["file"] == f}):
+        for test in (f"pp{P}", f"tg{N}"):
+            l = groups.get((f, t, test, "llama.cpp"), []); c = groups.get((f, t, test, "clover"), [])
+            if not l or not c: continue
+            ml, mc = statistics.median(l), statistics.median(c)
+            roof = lshare = cshare = ""
+            if test.startswith("tg") and f in gen_bytes and bw_max:
+                rt = bw_max * 1e9 / gen_bytes[f]
+                roof, lshare, cshare = f"{rt:.1f}", f"{100 * ml / rt:.0f}%", f"{100 * mc / rt:.0f}%"
+            name = os.path.basename(f).replace(".gguf", "")
+            print(f"| {name} | {t} | {test} | {ml:.2f} (n={len(l)}) | {mc:.2f} (n={len(c)}) | {mc / ml:.2f}x | {roof} | {lshare} | {cshare} |")
+print()
+print(f"llama.cpp CPU variant: {variant}; clover kernels: {isa}; medians of per-run t/s.")
+print("memory read bandwidth (membw, best): " + ", ".join(f"{t} thread(s) {b:.1f} GB/s" for t, b in sorted(bw.items()))
+      + f"; roofline = {bw_max:.1f} GB/s / weight bytes per generated token (" +
+      ", ".join(f"{os.path.basename(f).replace('.gguf', '')} {gen_bytes[f] / 1e6:.0f} MB" for f in files if f in gen_bytes) + ")")
+EOF
