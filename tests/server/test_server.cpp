@@ -663,6 +663,13 @@ TEST_CASE("clover run: streams, prints the summary line, says clearly when the b
         CHECK(none.status != 0);
         CHECK(none.err.find("models/clover-small.gguf") != std::string::npos);
         CHECK(none.err.find("-m") != std::string::npos);
+    } else {  // the bundled model runs without -m (found from the working directory here)
+        const auto cwd = std::filesystem::current_path();
+        std::filesystem::current_path(CLOVER_SOURCE_DIR);
+        auto bundled = sh("run -p hello -n 3 --greedy -q");
+        std::filesystem::current_path(cwd);
+        CHECK(bundled.status == 0);
+        CHECK(bundled.err.find("3 tokens") != std::string::npos);
     }
 }
 
