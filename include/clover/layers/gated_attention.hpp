@@ -16,6 +16,7 @@
 #include "clover/model/session.hpp"
 #include "clover/model/variants.hpp"
 #include "clover/model/weights.hpp"
+#include "clover/quant/half.hpp"
 
 namespace clover::layers {
 
@@ -53,26 +54,44 @@ struct gated_attention {
         }
     }
 
-    // A run of cached or fresh key/value rows with a common stride.
+    // A run of cached or fresh key/value rows with a common stride, in F32 or (an F16 cache)
+    // F16 bits (k16/v16 set, k/v null).
     struct kv_span {
         const float* k;
         const float* v;
         std::int64_t stride, n;
+        const std::uint16_t* k16 = nullptr;
+        const std::uint16_t* v16 = nullptr;
     };
+    static kv_span cache_span(const attention_cache& c, std::int64_t off, std::int64_t stride, std::int64_t n) {
+        if (c.f16()) return {nullptr, nullptr, stride, n, c.k16.data() + off, c.v16.data() + off};
+        return {c.k.data() + off, c.v.data() + off, stride, n};
+    }
 
     // One query head over the keys of up to two spans, in one softmax: out[hd].
     static void attend(const float* qh, kv_span a, kv_span b, std::int64_t hd, float scale, float* out,
                        std::vector<float>& p) {
         const std::int64_t n = a.n + b.n;
         p.resize(static_cast<std::size_t>(n));
-        auto key = [&](std::int64_t j) { return j < a.n ? a.k + j * a.stride : b.k + (j - a.n) * b.stride; };
-        auto val = [&](std::int64_t j) { return j < a.n ? a.v + j * a.stride : b.v + (j - a.n) * b.stride; };
         // SIMD dot/axpy (backend/cpu/vec_ops.hpp): fixed order per row, so verify rows still
         // equal AR rows; the plain loop was one add per 4 cycles (no vectorised reductions).
-        for (std::int64_t j = 0; j < n; ++j) p[j] = backend::cpu_detail::dot_f32(qh, key(j), hd) * scale;
+        namespace vo = backend::cpu_detail;
+        auto scores = [&](const kv_span& sp, float* dst) {
+            for (std::int64_t j = 0; j < sp.n; ++j)
+                dst[j] = (sp.k16 ? vo::dot_f32_f16(qh, sp.k16 + j * sp.stride, hd) : vo::dot_f32(qh, sp.k + j * sp.stride, hd)) * scale;
+        };
+        scores(a, p.data());
+        scores(b, p.data() + a.n);
         math::softmax(p.data(), n);
         for (std::int64_t i = 0; i < hd; ++i) out[i] = 0.f;
-        for (std::int64_t j = 0; j < n; ++j) backend::cpu_detail::axpy(p[j], val(j), out, hd);
+        auto values = [&](const kv_span& sp, const float* pj) {
+            for (std::int64_t j = 0; j < sp.n; ++j) {
+                if (sp.v16) vo::axpy_f16(pj[j], sp.v16 + j * sp.stride, out, hd);
+                else vo::axpy(pj[j], sp.v + j * sp.stride, out, hd);
+            }
+        };
+        values(a, p.data());
+        values(b, p.data() + a.n);
     }
 
     static float scale_of(const dims<V>& d) {
@@ -89,14 +108,24 @@ struct gated_attention {
         float* q = workspace::get(ws.t0, std::size_t(n * H * hd));
         float* gate = workspace::get(ws.t1, std::size_t(n * H * hd));
         float* a = workspace::get(ws.t2, std::size_t(n * H * hd));
-        project(be, d, w, x, n, pos0, q, gate, c.k.data() + pos0 * kvw, c.v.data() + pos0 * kvw, ws);
+        if (c.f16()) {  // project into scratch, then round the new rows into the F16 cache
+            float* kf = workspace::get(ws.t3, std::size_t(n * kvw));
+            float* vf = workspace::get(ws.t4, std::size_t(n * kvw));
+            project(be, d, w, x, n, pos0, q, gate, kf, vf, ws);
+            for (std::int64_t i = 0; i < n * kvw; ++i) {
+                c.k16[std::size_t(pos0 * kvw + i)] = quant::f32_to_f16(kf[i]);
+                c.v16[std::size_t(pos0 * kvw + i)] = quant::f32_to_f16(vf[i]);
+            }
+        } else {
+            project(be, d, w, x, n, pos0, q, gate, c.k.data() + pos0 * kvw, c.v.data() + pos0 * kvw, ws);
+        }
         const float scale = scale_of(d);
         const std::int64_t group = H / Hkv;
         be.parallel_for(n * H, 4, [&](std::int64_t b, std::int64_t e) {
             std::vector<float> p;
             for (std::int64_t th = b; th < e; ++th) {
                 const std::int64_t t = th / H, kvh = (th % H) / group;
-                kv_span cached{c.k.data() + kvh * hd, c.v.data() + kvh * hd, kvw, pos0 + t + 1};
+                const kv_span cached = cache_span(c, kvh * hd, kvw, pos0 + t + 1);
                 attend(q + th * hd, cached, {nullptr, nullptr, 0, 0}, hd, scale, a + th * hd, p);
             }
         });
@@ -122,7 +151,7 @@ struct gated_attention {
             std::vector<float> pr;
             for (std::int64_t th = b; th < e; ++th) {
                 const std::int64_t kvh = (th % H) / group;
-                kv_span cached{c.k.data() + kvh * hd, c.v.data() + kvh * hd, kvw, p};
+                const kv_span cached = cache_span(c, kvh * hd, kvw, p);
                 kv_span block{kb + kvh * hd, vb + kvh * hd, kvw, B};
                 attend(q + th * hd, cached, block, hd, scale, a + th * hd, pr);
             }

@@ -15,10 +15,13 @@ namespace clover {
 struct session_options {
     std::int64_t ctx = 4096;   // maximum tokens (prompt + output)
     std::int64_t batch = 512;  // rows per commit pass chunk (bounds scratch memory)
+    bool kv_f16 = false;       // KV cache in F16 (half the memory; K and V rounded once)
 };
 
 struct attention_cache {
-    std::vector<float> k, v;  // [ctx, n_head_kv * head_dim]
+    std::vector<float> k, v;                // [ctx, n_head_kv * head_dim] (F32 cache)
+    std::vector<std::uint16_t> k16, v16;    // the same in F16 bits (kv_f16); the other pair is empty
+    bool f16() const { return !k16.empty(); }
 };
 
 struct gdn_state;
@@ -80,8 +83,13 @@ public:
             } else {
                 layer_slot_[il] = attn_.size();
                 attention_cache c;
-                c.k.assign(std::size_t(o.ctx) * kv, 0.f);
-                c.v.assign(std::size_t(o.ctx) * kv, 0.f);
+                if (o.kv_f16) {
+                    c.k16.assign(std::size_t(o.ctx) * kv, 0);
+                    c.v16.assign(std::size_t(o.ctx) * kv, 0);
+                } else {
+                    c.k.assign(std::size_t(o.ctx) * kv, 0.f);
+                    c.v.assign(std::size_t(o.ctx) * kv, 0.f);
+                }
                 attn_.push_back(std::move(c));
             }
         }
@@ -116,11 +124,15 @@ public:
     bool same_state(const session& o) const {
         if (tokens_ != o.tokens_ || attn_.size() != o.attn_.size() || gdn_.size() != o.gdn_.size()) return false;
         const std::size_t used = std::size_t(n_past());
-        for (std::size_t i = 0; i < attn_.size(); ++i) {
-            std::size_t row = attn_[i].k.size() / std::size_t(opt_.ctx);
-            if (!std::equal(attn_[i].k.begin(), attn_[i].k.begin() + used * row, o.attn_[i].k.begin())) return false;
-            if (!std::equal(attn_[i].v.begin(), attn_[i].v.begin() + used * row, o.attn_[i].v.begin())) return false;
-        }
+        auto same = [&](const auto& a, const auto& b) {
+            if (a.size() != b.size()) return false;
+            const std::size_t row = a.size() / std::size_t(opt_.ctx);
+            return std::equal(a.begin(), a.begin() + used * row, b.begin());
+        };
+        for (std::size_t i = 0; i < attn_.size(); ++i)
+            if (!same(attn_[i].k, o.attn_[i].k) || !same(attn_[i].v, o.attn_[i].v) || !same(attn_[i].k16, o.attn_[i].k16) ||
+                !same(attn_[i].v16, o.attn_[i].v16))
+                return false;
         for (std::size_t i = 0; i < gdn_.size(); ++i)
             if (gdn_[i].S != o.gdn_[i].S || gdn_[i].conv != o.gdn_[i].conv) return false;
         return true;
