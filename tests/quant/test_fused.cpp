@@ -1,0 +1,204 @@
+// The performance restructurings against their plain versions: multi-product calls with row
+// gathers, the fused MoE block against experts() + shared_expert(), the F16 KV cache against
+// the F32 one, whole models in the K-quants against the independent reference, and the
+// vector helpers against plain loops.
+#include <doctest/doctest.h>
+
+#include <cstring>
+
+#include <clover/backend/cpu/vec_ops.hpp>
+#include <clover/clover.hpp>
+
+#include "../common/test_util.hpp"
+#include "../reference/reference_model.hpp"
+
+using namespace clover;
+
+namespace {
+
+using rt_model = model<variants::from_file, backend::cpu>;
+
+std::vector<token> ids_of(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
+    rng r(seed);
+    std::vector<token> ids;
+    for (std::int64_t i = 0; i < n; ++i) ids.push_back(token(r.next() % std::uint64_t(vocab)));
+    return ids;
+}
+
+// Every matrix width a multiple of 256 (so K-quants apply everywhere), 8 layers.
+synth::spec k256_spec(dtype t, bool q4_k_m) {
+    synth::spec s;
+    s.preset = "k256";
+    s.n_vocab = 600; s.n_embd = 256; s.n_layer = 8; s.interval = 4;
+    s.n_head = 2; s.n_head_kv = 1; s.head_dim = 128; s.n_rot = 32; s.sections = {6, 5, 5, 0};
+    s.rope_theta = 1000.f;
+    s.ssm_conv = 4; s.ssm_d_state = 32; s.ssm_n_group = 4; s.ssm_dt_rank = 8; s.ssm_d_inner = 256;
+    s.n_expert = 8; s.n_expert_used = 2; s.n_ff_exp = 256; s.n_ff_shexp = 256;
+    s.type = t;
+    s.q4_k_m = q4_k_m;
+    s.seed = 9;
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("matmul_many: per-job inputs, row gathers and widths equal separate matmuls (bitwise)") {
+    backend::cpu be({2});
+    backend::cpu::exact_rows_scope exact(be);  // F32: matmul would otherwise take Eigen's GEMM
+    rng r(3);
+    for (dtype t : {dtype::q8_0, dtype::q4_k, dtype::q6_k, dtype::bf16, dtype::f32}) {
+        CAPTURE(dtype_name(t));
+        const std::int64_t K1 = 512, K2 = 256;
+        auto make = [&](std::int64_t rows, std::int64_t cols, std::vector<std::byte>& buf) {
+            auto f = testutil::random_vec(std::size_t(rows * cols), r.next());
+            const std::size_t rb = quant::row_bytes(t, cols);
+            buf.resize(rb * std::size_t(rows));
+            for (std::int64_t i = 0; i < rows; ++i) quant::quantize_row(t, f.data() + i * cols, buf.data() + i * rb, cols);
+            weight w;
+            w.data = buf.data(); w.type = t; w.cols = cols; w.rows = rows; w.row_bytes = rb; w.name = "m";
+            return w;
+        };
+        std::vector<std::byte> b1, b2, b3;
+        const weight w1 = make(37, K1, b1), w2 = make(64, K1, b2), w3 = make(21, K2, b3);
+        const auto x = testutil::random_vec(std::size_t(40 * K1), 5);
+        const auto x3 = testutil::random_vec(std::size_t(9 * K2), 6);
+        const std::int32_t rows[5] = {39, 0, 7, 7, 21};
+        std::vector<float> y1(40 * 37), y2(5 * 64), y3(9 * 21);
+        const backend::matmul_job jobs[3] = {{&w1, y1.data()}, {&w2, y2.data(), x.data(), 5, rows}, {&w3, y3.data(), x3.data(), 9}};
+        be.matmul_many(jobs, x.data(), 40);
+        std::vector<float> e1(y1.size()), e3(y3.size()), one(64), gathered(std::size_t(5 * K1));
+        be.matmul(w1, x.data(), e1.data(), 40);
+        be.matmul(w3, x3.data(), e3.data(), 9);
+        CHECK(std::memcmp(y1.data(), e1.data(), y1.size() * 4) == 0);
+        CHECK(std::memcmp(y3.data(), e3.data(), y3.size() * 4) == 0);
+        for (int i = 0; i < 5; ++i) {
+            be.matmul(w2, x.data() + rows[i] * K1, one.data(), 1);
+            CHECK(std::memcmp(one.data(), y2.data() + i * 64, 64 * 4) == 0);
+        }
+    }
+}
+
+TEST_CASE("fused MoE block equals experts() + shared_expert() bit for bit (1 and many rows, odd shapes)") {
+    for (auto spec : {testutil::odd_spec(), k256_spec(dtype::q4_k, true)}) {
+        CAPTURE(spec.preset);
+        const std::string path = testutil::synth_file("fused_moe_" + spec.preset + ".gguf", spec);
+        rt_model m(load(path), {2});
+        const auto d = m.dim();
+        const auto& w = m.weights().layers[1].moe;
+        using moe = layers::sparse_moe<variants::from_file, backend::cpu>;
+        const std::int64_t E = d.n_embd(), k = d.n_expert_used();
+        for (std::int64_t n : {1, 3, 37}) {
+            CAPTURE(n);
+            const auto x = testutil::random_vec(std::size_t(n * E), std::uint64_t(n) + 1);
+            std::vector<float> probs(std::size_t(n * d.n_expert()));
+            moe::router_probs(m.backend(), d, w, x.data(), probs.data(), n);
+            std::vector<std::int32_t> ids(std::size_t(n * k));
+            std::vector<float> wts(std::size_t(n * k));
+            for (std::int64_t t = 0; t < n; ++t)
+                layers::route_row(probs.data() + t * d.n_expert(), d.n_expert(), k, {}, ids.data() + t * k, wts.data() + t * k);
+            std::vector<float> fused(std::size_t(n * E)), plain(std::size_t(n * E));
+            workspace ws;
+            backend::cpu::exact_rows_scope exact(m.backend());
+            moe::ffn(m.backend(), d, w, x.data(), fused.data(), n, k, ids.data(), wts.data());
+            moe::experts(m.backend(), d, w, x.data(), plain.data(), n, k, ids.data(), wts.data(), ws);
+            moe::shared_expert(m.backend(), d, w, x.data(), plain.data(), n);
+            CHECK(std::memcmp(fused.data(), plain.data(), fused.size() * 4) == 0);
+        }
+    }
+}
+
+TEST_CASE("F16 KV cache: logits within F16 rounding of the F32 cache; prefill+decode equals one prefill") {
+    const std::string path = testutil::synth_file("fused_kv.gguf", testutil::odd_spec());
+    rt_model m(load(path), {2});
+    const auto ids = ids_of(50, 300, 4);
+    std::vector<float> a, b, c;
+    auto s32 = m.new_session({.ctx = 64});
+    auto s16 = m.new_session({.ctx = 64, .kv_f16 = true});
+    m.commit(s32, ids, logits_rows::all, a);
+    m.commit(s16, ids, logits_rows::all, b);
+    REQUIRE(a.size() == b.size());
+    const float rel = testutil::max_abs_diff(a.data(), b.data(), a.size()) / testutil::max_abs(a);
+    MESSAGE("F16 vs F32 KV cache: max |logit diff| / max |logit| = " << rel);
+    CHECK(rel < 5e-3f);
+    CHECK(rel > 0.f);  // the cache really is rounded
+    // the same prompt as 30 + 20 one-row passes, against the single prefill (F16 cache both)
+    auto s2 = m.new_session({.ctx = 64, .kv_f16 = true});
+    m.commit(s2, std::span<const token>(ids.data(), 30), logits_rows::none, c);
+    std::vector<float> last;
+    for (int i = 30; i < 50; ++i) m.commit(s2, std::span<const token>(&ids[i], 1), logits_rows::last, last);
+    const std::int64_t V = m.n_vocab();
+    CHECK(testutil::max_abs_diff(last.data(), b.data() + 49 * V, std::size_t(V)) < 1e-4f * testutil::max_abs(a));
+}
+
+TEST_CASE("whole model in Q4_K, Q5_K, Q6_K and the Q4_K_M mix equals the independent reference") {
+    for (auto [t, mix] : {std::pair{dtype::q4_k, false}, {dtype::q5_k, false}, {dtype::q6_k, false}, {dtype::q4_k, true}}) {
+        const auto spec = k256_spec(t, mix);
+        const std::string name = std::string("fused_ref_") + (mix ? "q4_k_m" : std::string(dtype_name(t))) + ".gguf";
+        CAPTURE(name);
+        const std::string path = testutil::synth_file(name, spec);
+        rt_model m(load(path), {2});
+        auto s = m.new_session({.ctx = 32});
+        const auto ids = ids_of(12, spec.n_vocab - 7, 7);
+        std::vector<float> ours;
+        m.commit(s, ids, logits_rows::all, ours);
+        ref::model r(path);
+        std::vector<float> theirs;
+        for (token id : ids) {
+            auto row = r.step(id);
+            theirs.insert(theirs.end(), row.begin(), row.end());
+        }
+        REQUIRE(ours.size() == theirs.size());
+        // both round activations to Q8_K blocks; a rounding-boundary flip explains the tolerance
+        const float rel = testutil::max_abs_diff(ours.data(), theirs.data(), ours.size()) / testutil::max_abs(theirs);
+        MESSAGE(name << ": " << rel);
+        CHECK(rel < 0.1f);
+        // one-token prompts (one pass through every layer, a flip is rare): most agree to rounding
+        int tight = 0;
+        for (int k = 0; k < 6; ++k) {
+            const token id = token((k * 97 + 5) % (spec.n_vocab - 7));
+            auto s1 = m.new_session({.ctx = 4});
+            std::vector<float> a;
+            m.commit(s1, std::span<const token>(&id, 1), logits_rows::all, a);
+            ref::model r1(path);
+            const auto b = r1.step(id);
+            tight += testutil::max_abs_diff(a.data(), b.data(), a.size()) < 1e-4f * testutil::max_abs(b);
+        }
+        MESSAGE(name << ": " << tight << " of 6 one-token prompts agree to 1e-4");
+        CHECK(tight >= 4);
+    }
+}
+
+TEST_CASE("vec_ops: dot, axpy, acc_rows equal plain loops (odd sizes, every lane tail)") {
+    namespace cd = backend::cpu_detail;
+    for (std::int64_t n : {1, 5, 16, 17, 63, 64, 65, 128, 129, 257}) {
+        CAPTURE(n);
+        const auto a = testutil::random_vec(std::size_t(n), 1), b = testutil::random_vec(std::size_t(n), 2);
+        double ref = 0;
+        for (std::int64_t i = 0; i < n; ++i) ref += double(a[i]) * double(b[i]);
+        CHECK(cd::dot_f32(a.data(), b.data(), n) == doctest::Approx(ref).epsilon(1e-5));
+        std::vector<quant::f16_bits> bh(static_cast<std::size_t>(n));
+        double refh = 0;
+        for (std::int64_t i = 0; i < n; ++i) {
+            bh[i] = quant::f32_to_f16(b[i]);
+            refh += double(a[i]) * double(quant::f16_to_f32(bh[i]));
+        }
+        CHECK(cd::dot_f32_f16(a.data(), bh.data(), n) == doctest::Approx(refh).epsilon(1e-5));
+        std::vector<float> y = b, yh = b;
+        cd::axpy(0.37f, a.data(), y.data(), n);
+        cd::axpy_f16(0.37f, bh.data(), yh.data(), n);
+        for (std::int64_t i = 0; i < n; ++i) {
+            CHECK(y[i] == doctest::Approx(b[i] + 0.37f * a[i]).epsilon(1e-6));
+            CHECK(yh[i] == doctest::Approx(b[i] + 0.37f * quant::f16_to_f32(bh[i])).epsilon(1e-6));
+        }
+        // acc_rows: y = beta·y + Σ_r alpha·coef[r]·X[r]
+        const std::int64_t m = 7, ld = n + 3;
+        const auto X = testutil::random_vec(std::size_t(m * ld), 3), coef = testutil::random_vec(std::size_t(m), 4);
+        std::vector<float> acc = a;
+        cd::acc_rows(acc.data(), 0.5f, -2.f, coef.data(), X.data(), m, ld, n);
+        for (std::int64_t i = 0; i < n; ++i) {
+            double e = 0.5 * a[i];
+            for (std::int64_t r = 0; r < m; ++r) e += -2.0 * coef[r] * X[r * ld + i];
+            CHECK(acc[i] == doctest::Approx(e).epsilon(1e-5).scale(1.0));
+        }
+    }
+}
