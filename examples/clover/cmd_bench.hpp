@@ -3,6 +3,7 @@
 // tools/llama_bench_peer so benchmarks/bench_cpu_vs_llama.sh can put the two side by side:
 //   ppN: a fresh session, N random ids as one commit pass (logits of the last row only);
 //   tgN: a fresh session, N single-id commit passes with random ids (logits every time);
+// KV cache F16 by default (--ctk), as llama-bench;
 // one warmup run of each first, then -r repetitions; t/s = tokens / wall seconds.
 #include <algorithm>
 #include <chrono>
@@ -76,7 +77,7 @@ inline std::string type_summary(const io::gguf_file& f) {
 inline void add_bench_commands(CLI::App& app) {
     auto* c = app.add_subcommand("bench", "llama-bench-style prompt (pp) and generation (tg) throughput");
     struct opts {
-        std::string model, decoder = "ar", kv = "f32";
+        std::string model, decoder = "ar", kv = "f16";
         long long n_prompt = 512, n_gen = 128, reps = 5;
         int threads = 0;
         bool json = false;
@@ -88,6 +89,8 @@ inline void add_bench_commands(CLI::App& app) {
     c->add_option("-r,--repetitions", o->reps, "repetitions of each test")->check(CLI::Range(1LL, 1000LL));
     c->add_option("--decoder", o->decoder, "ar | diffusion | speculative")->check(CLI::IsMember({"ar", "diffusion", "speculative"}));
     c->add_option("-t,--threads", o->threads, "threads (0: all)");
+    c->add_option("--ctk,--cache-type-k", o->kv, "KV cache type: f16 (llama-bench's default) or f32")
+        ->check(CLI::IsMember({"f16", "f32"}));
     c->add_flag("--json", o->json, "one JSON object per test instead of the table");
     c->callback([o] {
         if (o->decoder != "ar") fail("bench: --decoder ", o->decoder, " is not available in this build yet (use ar)");
@@ -104,6 +107,7 @@ inline void add_bench_commands(CLI::App& app) {
         const std::int64_t V = m->n_vocab();
         const double gen_bytes = bench_detail::gen_bytes_per_token(f, m->hp());
         const std::int64_t ctx = std::max<std::int64_t>(1, o->n_prompt + o->n_gen);
+        const bool kv16 = o->kv == "f16";
         rng r(1234);
         auto random_ids = [&](std::int64_t n) {
             std::vector<token> ids(static_cast<std::size_t>(n));
@@ -112,14 +116,14 @@ inline void add_bench_commands(CLI::App& app) {
         };
         std::vector<float> logits;
         auto run_pp = [&](std::int64_t n) {
-            auto s = m->new_session({.ctx = ctx, .batch = std::max<std::int64_t>(1, std::min<std::int64_t>(n, 512))});
+            auto s = m->new_session({.ctx = ctx, .batch = std::max<std::int64_t>(1, std::min<std::int64_t>(n, 512)), .kv_f16 = kv16});
             auto ids = random_ids(n);
             const double a = now_s();
             m->commit(s, ids, logits_rows::last, logits);
             return double(n) / (now_s() - a);
         };
         auto run_tg = [&](std::int64_t n) {
-            auto s = m->new_session({.ctx = ctx});
+            auto s = m->new_session({.ctx = ctx, .kv_f16 = kv16});
             auto ids = random_ids(n);
             const double a = now_s();
             for (std::int64_t i = 0; i < n; ++i) m->commit(s, std::span<const token>(&ids[i], 1), logits_rows::last, logits);
@@ -148,11 +152,11 @@ inline void add_bench_commands(CLI::App& app) {
                     samples += b;
                 }
                 std::printf("{\"engine\":\"clover\",\"model\":\"%s\",\"size_gib\":%.3f,\"params_b\":%.3f,\"backend\":\"%s\","
-                            "\"isa\":\"%s\",\"threads\":%d,\"decoder\":\"%s\",\"test\":\"%s\",\"n_prompt\":%lld,\"n_gen\":%lld,"
+                            "\"isa\":\"%s\",\"threads\":%d,\"type_kv\":\"%s\",\"decoder\":\"%s\",\"test\":\"%s\",\"n_prompt\":%lld,\"n_gen\":%lld,"
                             "\"avg_ts\":%.4f,\"stddev_ts\":%.4f,\"samples_ts\":[%s],\"tokens_per_pass\":%.4g,\"load_s\":%.3f,"
                             "\"gen_bytes_per_token\":%.0f}\n",
                             desc.c_str(), double(bytes) / (1024.0 * 1024 * 1024), double(params) / 1e9, backend::cpu::name,
-                            backend::cpu::isa_name(), threads, o->decoder.c_str(), t.test.c_str(), (long long)t.n_prompt,
+                            backend::cpu::isa_name(), threads, o->kv.c_str(), o->decoder.c_str(), t.test.c_str(), (long long)t.n_prompt,
                             (long long)t.n_gen, t.avg(), t.sd(), samples.c_str(), tpp, load_s, gen_bytes);
             } else {
                 std::printf("| %-28.28s | %5.2f GiB | %5.2f B | %-10s | %7d | %8s | %8.2f ± %5.2f |\n", desc.c_str(),
