@@ -20,37 +20,33 @@ struct gdn_head_io {
     std::int64_t q_stride, k_stride, v_stride, g_stride, o_stride;
 };
 
-// S ← e^g S;  δ = β (v − Sᵀk);  S ← S + k δᵀ;  o = Sᵀq   — per token, in that order.
+// S ← e^g S;  δ = β (v − Sᵀk);  S ← S + k δᵀ;  o = Sᵀq   — per token. Computed as
+//   kv = Sᵀk, sq = Sᵀq (one read of the old S);  δ = β (v − e^g kv);  o = e^g sq + (k·q) δ;
+//   S ← e^g S + k δᵀ (one read-and-write),
+// which is the same algebra with two passes over the state instead of four reads and two
+// writes: the state (2 MiB per GDN layer of the real model) is what a decode step touches most
+// after the weights.
 inline void gdn_recurrent(float* S, const gdn_head_io& io, std::int64_t n, std::int64_t dk, std::int64_t dv,
                           std::vector<float>& tmp) {
-    tmp.resize(std::size_t(dv));
-    float* d = tmp.data();
+    namespace vo = backend::cpu_detail;
+    tmp.resize(std::size_t(2 * dv));
+    float* kv = tmp.data();
+    float* sq = tmp.data() + dv;
     for (std::int64_t t = 0; t < n; ++t) {
         const float* q = io.q + t * io.q_stride;
         const float* k = io.k + t * io.k_stride;
         const float* v = io.v + t * io.v_stride;
         const float decay = std::exp(io.g[t * io.g_stride]);
         const float beta = io.beta[t * io.g_stride];
-        for (std::int64_t j = 0; j < dv; ++j) d[j] = 0.f;
-        for (std::int64_t i = 0; i < dk; ++i) {
-            float* Si = S + i * dv;
-            const float ki = k[i];
-            for (std::int64_t j = 0; j < dv; ++j) {
-                Si[j] *= decay;
-                d[j] += Si[j] * ki;
-            }
-        }
-        for (std::int64_t j = 0; j < dv; ++j) d[j] = beta * (v[j] - d[j]);
+        for (std::int64_t j = 0; j < dv; ++j) kv[j] = sq[j] = 0.f;
+        vo::acc_rows2(kv, sq, k, q, S, dk, dv, dv);
+        const float kq = vo::dot_f32(k, q, dk);
         float* o = io.o + t * io.o_stride;
-        for (std::int64_t j = 0; j < dv; ++j) o[j] = 0.f;
-        for (std::int64_t i = 0; i < dk; ++i) {
-            float* Si = S + i * dv;
-            const float ki = k[i], qi = q[i];
-            for (std::int64_t j = 0; j < dv; ++j) {
-                Si[j] += ki * d[j];
-                o[j] += Si[j] * qi;
-            }
+        for (std::int64_t j = 0; j < dv; ++j) {
+            kv[j] = beta * (v[j] - decay * kv[j]);  // δ
+            o[j] = decay * sq[j] + kq * kv[j];
         }
+        for (std::int64_t i = 0; i < dk; ++i) vo::scale_add(S + i * dv, decay, k[i], kv, dv);
     }
 }
 

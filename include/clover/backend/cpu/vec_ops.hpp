@@ -102,4 +102,53 @@ inline void acc_rows(float* y, float beta, float alpha, const float* coef, const
     }
 }
 
+// y1 += Σ_r c1[r]·X[r], y2 += Σ_r c2[r]·X[r] in one pass over X (rows in order r = 0..m-1):
+// the GDN decode step reads its state once for both Sᵀk and Sᵀq.
+template <class P = native>
+inline void acc_rows2(float* y1, float* y2, const float* c1, const float* c2, const float* X, std::int64_t m,
+                      std::int64_t ld, std::int64_t n) {
+    using V = typename P::f32v;
+    constexpr int L = P::lanes, B = 4;
+    std::int64_t j = 0;
+    for (; j + B * L <= n; j += B * L) {
+        V a1[B], a2[B];
+        for (int v = 0; v < B; ++v) {
+            a1[v] = P::load(y1 + j + v * L);
+            a2[v] = P::load(y2 + j + v * L);
+        }
+        for (std::int64_t r = 0; r < m; ++r) {
+            const V k1 = P::set1(c1[r]), k2 = P::set1(c2[r]);
+            const float* xr = X + r * ld + j;
+            for (int v = 0; v < B; ++v) {
+                const V x = P::load(xr + v * L);
+                a1[v] = P::fma(k1, x, a1[v]);
+                a2[v] = P::fma(k2, x, a2[v]);
+            }
+        }
+        for (int v = 0; v < B; ++v) {
+            P::store(y1 + j + v * L, a1[v]);
+            P::store(y2 + j + v * L, a2[v]);
+        }
+    }
+    for (; j < n; ++j) {
+        float s1 = y1[j], s2 = y2[j];
+        for (std::int64_t r = 0; r < m; ++r) {
+            s1 += c1[r] * X[r * ld + j];
+            s2 += c2[r] * X[r * ld + j];
+        }
+        y1[j] = s1;
+        y2[j] = s2;
+    }
+}
+
+// y = a·y + b·x
+template <class P = native>
+inline void scale_add(float* y, float a, float b, const float* x, std::int64_t n) {
+    constexpr int L = P::lanes;
+    const auto av = P::set1(a), bv = P::set1(b);
+    std::int64_t i = 0;
+    for (; i + L <= n; i += L) P::store(y + i, P::fma(bv, P::load(x + i), P::mul(av, P::load(y + i))));
+    for (; i < n; ++i) y[i] = b * x[i] + a * y[i];
+}
+
 }  // namespace clover::backend::cpu_detail
