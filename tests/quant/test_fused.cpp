@@ -168,7 +168,7 @@ TEST_CASE("whole model in Q4_K, Q5_K, Q6_K and the Q4_K_M mix equals the indepen
     }
 }
 
-TEST_CASE("vec_ops: dot, axpy, acc_rows equal plain loops (odd sizes, every lane tail)") {
+TEST_CASE("vec_ops: dot, axpy, acc_rows, acc_rows2, scale_add equal plain loops (odd sizes, every lane tail)") {
     namespace cd = backend::cpu_detail;
     for (std::int64_t n : {1, 5, 16, 17, 63, 64, 65, 128, 129, 257}) {
         CAPTURE(n);
@@ -199,6 +199,22 @@ TEST_CASE("vec_ops: dot, axpy, acc_rows equal plain loops (odd sizes, every lane
             double e = 0.5 * a[i];
             for (std::int64_t r = 0; r < m; ++r) e += -2.0 * coef[r] * X[r * ld + i];
             CHECK(acc[i] == doctest::Approx(e).epsilon(1e-5).scale(1.0));
+        }
+        // acc_rows2: two coefficient vectors, one pass; scale_add: y = a·y + b·x
+        std::vector<float> y1 = a, y2 = b;
+        const auto coef2 = testutil::random_vec(std::size_t(m), 5);
+        cd::acc_rows2(y1.data(), y2.data(), coef.data(), coef2.data(), X.data(), m, ld, n);
+        std::vector<float> sa = a;
+        cd::scale_add(sa.data(), 0.75f, -1.5f, b.data(), n);
+        for (std::int64_t i = 0; i < n; ++i) {
+            double e1 = a[i], e2 = b[i];
+            for (std::int64_t r = 0; r < m; ++r) {
+                e1 += double(coef[r]) * X[r * ld + i];
+                e2 += double(coef2[r]) * X[r * ld + i];
+            }
+            CHECK(y1[i] == doctest::Approx(e1).epsilon(1e-5).scale(1.0));
+            CHECK(y2[i] == doctest::Approx(e2).epsilon(1e-5).scale(1.0));
+            CHECK(sa[i] == doctest::Approx(0.75 * a[i] - 1.5 * b[i]).epsilon(1e-6).scale(1.0));
         }
     }
 }
