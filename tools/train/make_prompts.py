@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Writes benchmarks/data/heldout_prompts.txt: prompts for bench_diffusion from the held-out split
-(data.py), never seen in training. Prompt i is the 64 tokens that end at a line break near the
-fixed offset (i * 6151 * 13) mod len(held) -- ending on a line break, as a user's prompt would.
+(data.py), never seen in training. Prompt i is the (at most) 64 tokens that end at a line break near the
+fixed offset (i * 6151 * 13) mod len(held) -- ending on a line break, as a user's prompt would;
+cut after an <|endoftext|> so that a prompt stays inside one file.
 One prompt per line, ids separated by spaces; the text of each is in heldout_prompts.jsonl.
 Usage: /usr/bin/python3 tools/train/make_prompts.py [N=24]
 """
