@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bpe
 from export_gguf import load_checkpoint
-from train import load_tokens
+from train import TOKEN_CACHE, load_tokens
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -67,7 +67,7 @@ def main():
     model, cfg, _ = load_checkpoint(a.ckpt)
     model.eval()
     tok = bpe.Tokenizer.load(os.path.join(ROOT, "models", "clover-small", "tokenizer.json"))
-    _, held = load_tokens(tok, "/tmp/clover_small_tokens.npz")
+    _, held = load_tokens(tok, TOKEN_CACHE)
     tot_tok = tot_pass = agree = 0
     for i in range(a.prompts):
         off = (i * 7919 * 13) % (len(held) - 200)

@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bpe
-from train import load_tokens
+from train import TOKEN_CACHE, load_tokens
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -20,7 +20,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 24
     tok = bpe.Tokenizer.load(os.path.join(ROOT, "models", "clover-small", "tokenizer.json"))
-    _, held = load_tokens(tok, "/tmp/clover_small_tokens.npz")
+    _, held = load_tokens(tok, TOKEN_CACHE)
     eot = tok.special("<|endoftext|>")
     out_dir = os.path.join(ROOT, "benchmarks", "data")
     os.makedirs(out_dir, exist_ok=True)

@@ -34,6 +34,7 @@ import data
 from clover_ref import CloverModel, Config
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TOKEN_CACHE = "/tmp/clover_small_tokens.npz"  # the tokenized split, shared by every script here
 
 
 def load_tokens(tok, cache):
@@ -131,7 +132,7 @@ def main():
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     tok = bpe.Tokenizer.load(os.path.join(ROOT, "models", "clover-small", "tokenizer.json"))
-    train_stream, held_stream = load_tokens(tok, "/tmp/clover_small_tokens.npz")
+    train_stream, held_stream = load_tokens(tok, TOKEN_CACHE)
     cfg = model_config(args, tok)
     model = CloverModel(cfg)
     init_ck = torch.load(args.init, map_location="cpu") if args.init else None
