@@ -356,7 +356,7 @@ struct rewrite_options {
     bool a_log = false;        // store A_log = log(−ssm_a)
     bool settle_a = false;     // store −exp(log(−ssm_a)): what patching the a_log variant gives back
     bool grouped = false;      // V heads in HF order
-    std::string v_key;         // write {arch}.gdn.v_head_order = v_key (empty: none)
+    std::string v_key = {};    // write {arch}.gdn.v_head_order = v_key (empty: none)
 };
 
 inline void rewrite_gguf(const std::string& in, const std::string& out, const rewrite_options& o) {

@@ -125,7 +125,9 @@ inline std::string missing_cpu_features() {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     auto need = [&](bool have, const char* what) {
-        if (!have) missing += (missing.empty() ? "" : " ") + std::string(what);
+        if (have) return;
+        if (!missing.empty()) missing += ' ';  // appending in steps: GCC 12's -Wrestrict misfires on "" + std::string
+        missing += what;
     };
 #if defined(__AVX2__)
     need(__builtin_cpu_supports("avx2"), "avx2");
