@@ -20,6 +20,7 @@ Run `/usr/bin/python3 tools/train/clover_ref.py` for the self-test.
 import dataclasses
 import math
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -426,10 +427,10 @@ class CloverModel(nn.Module):
         out = lambda x: rms_norm(x, self.output_norm, self.cfg.eps) @ self.output.t()
         return out(h), (None if hb is None else out(hb)), aux / len(self.layers)
 
-    # -- export view: name -> tensor in GGUF semantics (numpy shape = reversed ggml ne) --------
-    def gguf_tensors(self, dtype=torch.float32):
+    # -- GGUF view: name -> parameter; ssm_a is the one stored transformed (-exp(A_log)) ----------
+    def gguf_params(self):
         T = {}
-        f = lambda x: x.detach().to(dtype).contiguous()
+        f = lambda x: x
         T["token_embd.weight"] = f(self.tok_embd)
         T["output_norm.weight"] = f(self.output_norm)
         T["output.weight"] = f(self.output)
@@ -452,7 +453,7 @@ class CloverModel(nn.Module):
                 T[b + "ssm_alpha.weight"] = f(M.wa)
                 T[b + "ssm_conv1d.weight"] = f(M.conv)
                 T[b + "ssm_dt.bias"] = f(M.dt_bias)
-                T[b + "ssm_a"] = f(-torch.exp(M.A_log))
+                T[b + "ssm_a"] = f(M.A_log)
                 T[b + "ssm_norm.weight"] = f(M.norm)
                 T[b + "ssm_out.weight"] = f(M.wout)
                 T[b + "ssm_conv1d_right.weight"] = f(M.conv_right)
@@ -469,6 +470,25 @@ class CloverModel(nn.Module):
             T[b + "ffn_up_shexp.weight"] = f(E.up_sh)
             T[b + "ffn_down_shexp.weight"] = f(E.down_sh)
         return T
+
+    def gguf_tensors(self, dtype=torch.float32):
+        """name -> tensor in GGUF semantics (numpy shape = reversed ggml ne)."""
+        out = {}
+        for name, p in self.gguf_params().items():
+            x = -torch.exp(p) if name.endswith(".ssm_a") else p
+            out[name] = x.detach().to(dtype).contiguous()
+        return out
+
+    @torch.no_grad()
+    def load_gguf_tensors(self, tensors):
+        """The inverse of gguf_tensors: every parameter from GGUF-named arrays (shapes checked)."""
+        params = self.gguf_params()
+        missing = sorted(set(params) - set(tensors))
+        assert not missing, f"GGUF lacks tensors: {missing[:5]}"
+        for name, p in params.items():
+            x = torch.from_numpy(np.asarray(tensors[name], dtype=np.float32).copy())
+            assert tuple(x.shape) == tuple(p.shape), f"{name}: GGUF {tuple(x.shape)} vs model {tuple(p.shape)}"
+            p.copy_(torch.log(-x) if name.endswith(".ssm_a") else x)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -87,6 +87,34 @@ def load_checkpoint(path):
     return model, cfg, ck
 
 
+def config_from_gguf(kv):
+    """The Config export() wrote into these keys (its inverse)."""
+    p = "clover_moe."
+    v_heads = kv[p + "ssm.time_step_rank"]
+    return Config(n_vocab=len(kv["tokenizer.ggml.tokens"]), n_embd=kv[p + "embedding_length"],
+                  n_layer=kv[p + "block_count"], interval=kv[p + "full_attention_interval"],
+                  n_head=kv[p + "attention.head_count"], n_head_kv=kv[p + "attention.head_count_kv"],
+                  head_dim=kv[p + "attention.key_length"], n_rot=kv[p + "rope.dimension_count"],
+                  sections=tuple(kv[p + "rope.dimension_sections"]), rope_theta=kv[p + "rope.freq_base"],
+                  eps=float(f"{kv[p + 'attention.layer_norm_rms_epsilon']:.6g}"), conv=kv[p + "ssm.conv_kernel"],
+                  qk_heads=kv[p + "ssm.group_count"], v_heads=v_heads, dk=kv[p + "ssm.state_size"],
+                  dv=kv[p + "ssm.inner_size"] // v_heads, n_expert=kv[p + "expert_count"],
+                  n_expert_used=kv[p + "expert_used_count"], ff_exp=kv[p + "expert_feed_forward_length"],
+                  ff_shexp=kv[p + "expert_shared_feed_forward_length"], mask_id=kv[p + "diffusion.mask_token_id"],
+                  block_size=kv[p + "diffusion.block_size"], ctx=kv[p + "context_length"])
+
+
+def load_gguf_model(path):
+    """A clover_moe GGUF written by export() back into a trainable CloverModel (continues a run
+    whose checkpoints are gone; the weights are exact for an F32 file)."""
+    from gguf_read import read_gguf
+    kv, tensors = read_gguf(path)
+    cfg = config_from_gguf(kv)
+    model = CloverModel(cfg)
+    model.load_gguf_tensors(tensors)
+    return model, cfg
+
+
 def export(model, cfg, tok, path, mtype="f16", name="clover-small"):
     w = Writer()
     p = "clover_moe."
