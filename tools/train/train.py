@@ -11,6 +11,15 @@ Objectives, every step, on the same batch of B windows of T tokens from the trai
             the same forward as the commit pass); cross-entropy on the masked rows only, no shift
             (row i predicts token p_j+i), averaged over masked rows.
   L_balance Switch-style expert load balance (E * sum_e f_e * mean P_e), averaged over layers.
+With --distill D.npz (make_distill.py: real prefixes + the model's own greedy continuations) a
+second batch each step adds  w_d * L_diff' + w_a * L_ar'  on it: the block-diffusion loss with NB
+of the blocks that start at the prefix end, +32, +64 (the positions the LowConfidence decoder
+fills), and the causal loss on the continuation tokens (--distill-ar-weight, default 0: the causal
+head keeps learning real text only). Use --text-diff-weight 0 with it: a block after a real-text
+prefix looks the same to the preview pass whether its target is real text (high entropy) or the
+greedy continuation (low entropy), so the two diffusion targets conflict and the text one teaches
+the preview pass to hedge exactly where it should commit. Part 3 measured this: with both at
+weight 1, 5 % of held-out distillation rows reached p >= 0.95 after 5 minutes.
 Schedule: AdamW (0.9, 0.95), weight decay 0.1 on matrices, grad clip 1.0, linear warm-up, then
 cosine to 10% over the WALL-CLOCK budget (--minutes), so a run under CPU contention still ends
 annealed. Checkpoints (latest and best held-out) go to --out every --eval-every seconds.
@@ -32,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bpe
 import data
 from clover_ref import CloverModel, Config
+from export_gguf import load_gguf_model
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TOKEN_CACHE = "/tmp/clover_small_tokens.npz"  # the tokenized split, shared by every script here
@@ -81,6 +91,53 @@ def losses(model, ids, starts, blocks, inp, m):
     return l_ar, l_d, aux, lb
 
 
+class Distill:
+    """Rows [prefix P | cont] per P (make_distill.py); the last `held` rows of each P are held out."""
+
+    def __init__(self, path, held=48):
+        d = np.load(path)
+        self.cont = int(d["cont"])
+        self.sets = {int(k[4:]): d[k].astype(np.int64) for k in d.files if k.startswith("ids_")}
+        self.held = held
+
+    def batch(self, B, NB, Bk, mask_id, gen, split="train"):
+        Ps = sorted(self.sets)
+        P = Ps[int(torch.randint(0, len(Ps), (1,), generator=gen))]
+        rows = self.sets[P][:-self.held] if split == "train" else self.sets[P][-self.held:]
+        pick = torch.randint(0, len(rows), (B,), generator=gen)
+        ids = torch.from_numpy(rows[pick.numpy()])                    # [B, P + cont]
+        cand = list(range(P, P + self.cont - Bk + 1, Bk))            # block starts the decoder uses
+        starts = sorted(cand[i] for i in torch.randperm(len(cand), generator=gen)[:NB].tolist())
+        blocks = torch.stack([ids[:, s:s + Bk] for s in starts], 1)
+        r = torch.rand(B, len(starts), 1, generator=gen)
+        m = torch.rand(B, len(starts), Bk, generator=gen) < r
+        m.scatter_(2, torch.randint(0, Bk, (B, len(starts)), generator=gen)[..., None], True)
+        return P, ids, starts, blocks, blocks.masked_fill(m, mask_id), m
+
+
+def distill_losses(model, P, ids, starts, blocks, inp, m):
+    lc, lb, aux = model(ids, inp, starts)
+    l_ar = F.cross_entropy(lc[:, P - 1:-1].reshape(-1, lc.shape[-1]), ids[:, P:].reshape(-1))
+    return l_ar, F.cross_entropy(lb[m], blocks[m]), aux, lb
+
+
+@torch.no_grad()
+def evaluate_distill(model, dist, cfg, n_batches=4):
+    """On held-out continuations: diffusion loss, share of masked rows with p >= 0.95, their accuracy."""
+    gen = torch.Generator().manual_seed(778)
+    model.eval()
+    ld = conf = acc = 0.0
+    for _ in range(n_batches):
+        P, ids, starts, blocks, inp, m = dist.batch(8, 2, 32, cfg.mask_id, gen, "held")
+        _, l_d, _, lb = distill_losses(model, P, ids, starts, blocks, inp, m)
+        pmax, am = torch.softmax(lb[m], -1).max(-1)
+        ld += float(l_d)
+        conf += float((pmax >= 0.95).float().mean())
+        acc += float((am == blocks[m]).float().mean())
+    model.train()
+    return {"d_diff": ld / n_batches, "d_conf": conf / n_batches, "d_acc": acc / n_batches}
+
+
 @torch.no_grad()
 def evaluate(model, held, args, cfg, n_batches=4):
     gen = torch.Generator().manual_seed(777)
@@ -126,7 +183,14 @@ def main():
     ap.add_argument("--ff-sh", type=int, default=256)
     ap.add_argument("--eval-every", type=float, default=300, help="seconds")
     ap.add_argument("--bench", type=int, default=0, help="time N steps and exit")
-    ap.add_argument("--init", default="", help="start from this checkpoint's weights (and optimizer state when saved)")
+    ap.add_argument("--init", default="", help="start from this checkpoint's weights (and optimizer state when saved), "
+                    "or from a GGUF written by export_gguf.py (weights only; its shape replaces --d etc.)")
+    ap.add_argument("--distill", default="", help="make_distill.py data: adds the self-distillation batch")
+    ap.add_argument("--distill-weight", type=float, default=1.0, help="weight of the distillation diffusion loss")
+    ap.add_argument("--distill-ar-weight", type=float, default=0.0,
+                    help="weight of the causal loss on the distillation continuations")
+    ap.add_argument("--text-diff-weight", type=float, default=1.0,
+                    help="weight of the diffusion loss on training text (0 with --distill: see the docstring)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -135,8 +199,14 @@ def main():
     train_stream, held_stream = load_tokens(tok, TOKEN_CACHE)
     cfg = model_config(args, tok)
     model = CloverModel(cfg)
-    init_ck = torch.load(args.init, map_location="cpu") if args.init else None
-    if init_ck:
+    init_ck = None
+    if args.init.endswith(".gguf"):
+        model, cfg = load_gguf_model(args.init)
+        init_ck = {"from_gguf": args.init}
+    elif args.init:
+        init_ck = torch.load(args.init, map_location="cpu")
+    dist = Distill(args.distill) if args.distill else None
+    if init_ck and "model" in init_ck:
         assert init_ck["config"] == dataclasses.asdict(cfg), "--init checkpoint has another shape"
         model.load_state_dict(init_ck["model"])
     n_params = sum(p.numel() for p in model.parameters())
@@ -158,7 +228,8 @@ def main():
         logf = open(args.log, "w", newline="")
         logw = csv.writer(logf)
         logw.writerow(["step", "seconds", "tokens", "lr", "loss_ar", "loss_diff", "balance",
-                       "heldout_ar", "heldout_ppl", "heldout_diff", "heldout_conf95", "heldout_conf95_acc", "heldout_diff_acc"])
+                       "heldout_ar", "heldout_ppl", "heldout_diff", "heldout_conf95", "heldout_conf95_acc", "heldout_diff_acc",
+                       "loss_distill_ar", "loss_distill_diff", "distill_held_diff", "distill_held_conf95", "distill_held_acc"])
     ema = None
 
     def save(tag, ev):
@@ -171,7 +242,7 @@ def main():
     while True:
         el = time.time() - t0
         frac = min(1.0, el / budget)
-        if step < args.warmup and not init_ck:
+        if step < args.warmup and not (init_ck and "optimizer" in init_ck):
             lr = args.lr * (step + 1) / args.warmup
         else:
             lr = args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
@@ -179,7 +250,13 @@ def main():
             g["lr"] = lr
         ids, starts, blocks, inp, m = make_batch(train_stream, args.B, args.T, args.NB, 32, cfg.mask_id, gen)
         l_ar, l_d, aux, _ = losses(model, ids, starts, blocks, inp, m)
-        loss = l_ar + l_d + 0.01 * aux
+        loss = l_ar + args.text_diff_weight * l_d + 0.01 * aux
+        dcur = ("", "")
+        if dist:
+            P, *db = dist.batch(args.B, args.NB, 32, cfg.mask_id, gen)
+            dl_ar, dl_d, daux, _ = distill_losses(model, P, *db)
+            loss = loss + args.distill_ar_weight * dl_ar + args.distill_weight * dl_d + 0.01 * daux
+            dcur = (f"{float(dl_ar):.4f}", f"{float(dl_d):.4f}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -203,17 +280,22 @@ def main():
             ev = evaluate(model, held_stream, args, cfg)
             row += [f"{ev['ar']:.4f}", f"{math.exp(ev['ar']):.3f}", f"{ev['diff']:.4f}", f"{ev['conf']:.4f}",
                     f"{ev['conf_acc']:.4f}", f"{ev['acc']:.4f}"]
+            dev = evaluate_distill(model, dist, cfg) if dist else {}
+            ev.update(dev)
             print(f"step {step} {now - t0:.0f}s tok {tokens} lr {lr:.2e} train ar {ema[0]:.3f} diff {ema[1]:.3f} | "
                   f"held ar {ev['ar']:.3f} ppl {math.exp(ev['ar']):.2f} diff {ev['diff']:.3f} conf95 {ev['conf']:.3f} "
-                  f"acc@conf {ev['conf_acc']:.3f} acc {ev['acc']:.3f}", flush=True)
+                  f"acc@conf {ev['conf_acc']:.3f} acc {ev['acc']:.3f}"
+                  + (f" | distill diff {dev['d_diff']:.3f} conf95 {dev['d_conf']:.3f} acc {dev['d_acc']:.3f}" if dev else ""),
+                  flush=True)
             save("latest", ev)
-            score = ev["ar"] + ev["diff"]
+            score = ev["ar"] + (ev["d_diff"] if dist else ev["diff"])
             if score < best:
                 best = score
                 save("best", ev)
             last_eval = now
         else:
             row += [""] * 6
+        row += list(dcur) + ([f"{ev[k]:.4f}" for k in ("d_diff", "d_conf", "d_acc")] if do_eval and dist else [""] * 3)
         if step % 10 == 0 or do_eval:
             logw.writerow(row)
             logf.flush()
