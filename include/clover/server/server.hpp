@@ -77,6 +77,12 @@ public:
         stopping_ = false;
         worker_ = std::thread([this] { worker_loop(); });
         listener_ = std::thread([this] { svr_->listen_after_bind(); });
+        // httplib's stop() does nothing until the server runs: a stop() right after start()
+        // would leave the listener blocked in accept() and join() hanging (seen in test_server
+        // under ASan, where the thread starts late). So start() returns once it runs.
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!svr_->is_running() && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
         return port_;
     }
 
