@@ -430,45 +430,44 @@ class CloverModel(nn.Module):
     # -- GGUF view: name -> parameter; ssm_a is the one stored transformed (-exp(A_log)) ----------
     def gguf_params(self):
         T = {}
-        f = lambda x: x
-        T["token_embd.weight"] = f(self.tok_embd)
-        T["output_norm.weight"] = f(self.output_norm)
-        T["output.weight"] = f(self.output)
+        T["token_embd.weight"] = self.tok_embd
+        T["output_norm.weight"] = self.output_norm
+        T["output.weight"] = self.output
         for il, L in enumerate(self.layers):
             b = f"blk.{il}."
-            T[b + "attn_norm.weight"] = f(L.attn_norm)
-            T[b + "post_attention_norm.weight"] = f(L.post_norm)
+            T[b + "attn_norm.weight"] = L.attn_norm
+            T[b + "post_attention_norm.weight"] = L.post_norm
             M = L.mixer
             if L.is_attn:
-                T[b + "attn_q.weight"] = f(M.wq)
-                T[b + "attn_k.weight"] = f(M.wk)
-                T[b + "attn_v.weight"] = f(M.wv)
-                T[b + "attn_output.weight"] = f(M.wo)
-                T[b + "attn_q_norm.weight"] = f(M.q_norm)
-                T[b + "attn_k_norm.weight"] = f(M.k_norm)
+                T[b + "attn_q.weight"] = M.wq
+                T[b + "attn_k.weight"] = M.wk
+                T[b + "attn_v.weight"] = M.wv
+                T[b + "attn_output.weight"] = M.wo
+                T[b + "attn_q_norm.weight"] = M.q_norm
+                T[b + "attn_k_norm.weight"] = M.k_norm
             else:
-                T[b + "attn_qkv.weight"] = f(M.wqkv)
-                T[b + "attn_gate.weight"] = f(M.wz)
-                T[b + "ssm_beta.weight"] = f(M.wb)
-                T[b + "ssm_alpha.weight"] = f(M.wa)
-                T[b + "ssm_conv1d.weight"] = f(M.conv)
-                T[b + "ssm_dt.bias"] = f(M.dt_bias)
-                T[b + "ssm_a"] = f(M.A_log)
-                T[b + "ssm_norm.weight"] = f(M.norm)
-                T[b + "ssm_out.weight"] = f(M.wout)
-                T[b + "ssm_conv1d_right.weight"] = f(M.conv_right)
-                T[b + "ssm_bd_logit_scale"] = f(M.bd_scale)
-                T[b + "ssm_bd_history_bias"] = f(M.bd_bias)
-                T[b + "ssm_bd_history_c"] = f(M.bd_c)
+                T[b + "attn_qkv.weight"] = M.wqkv
+                T[b + "attn_gate.weight"] = M.wz
+                T[b + "ssm_beta.weight"] = M.wb
+                T[b + "ssm_alpha.weight"] = M.wa
+                T[b + "ssm_conv1d.weight"] = M.conv
+                T[b + "ssm_dt.bias"] = M.dt_bias
+                T[b + "ssm_a"] = M.A_log
+                T[b + "ssm_norm.weight"] = M.norm
+                T[b + "ssm_out.weight"] = M.wout
+                T[b + "ssm_conv1d_right.weight"] = M.conv_right
+                T[b + "ssm_bd_logit_scale"] = M.bd_scale
+                T[b + "ssm_bd_history_bias"] = M.bd_bias
+                T[b + "ssm_bd_history_c"] = M.bd_c
             E = L.moe
-            T[b + "ffn_gate_inp.weight"] = f(E.router)
-            T[b + "ffn_gate_exps.weight"] = f(E.gate_exps)
-            T[b + "ffn_up_exps.weight"] = f(E.up_exps)
-            T[b + "ffn_down_exps.weight"] = f(E.down_exps)
-            T[b + "ffn_gate_inp_shexp.weight"] = f(E.shexp_gate)
-            T[b + "ffn_gate_shexp.weight"] = f(E.gate_sh)
-            T[b + "ffn_up_shexp.weight"] = f(E.up_sh)
-            T[b + "ffn_down_shexp.weight"] = f(E.down_sh)
+            T[b + "ffn_gate_inp.weight"] = E.router
+            T[b + "ffn_gate_exps.weight"] = E.gate_exps
+            T[b + "ffn_up_exps.weight"] = E.up_exps
+            T[b + "ffn_down_exps.weight"] = E.down_exps
+            T[b + "ffn_gate_inp_shexp.weight"] = E.shexp_gate
+            T[b + "ffn_gate_shexp.weight"] = E.gate_sh
+            T[b + "ffn_up_shexp.weight"] = E.up_sh
+            T[b + "ffn_down_shexp.weight"] = E.down_sh
         return T
 
     def gguf_tensors(self, dtype=torch.float32):
