@@ -48,7 +48,12 @@ TEST_CASE("commit pass equals the independent reference (f32, tiny and odd shape
 }
 
 TEST_CASE("commit pass equals the reference for F16, BF16 and Q8_0 weights") {
-    for (auto [t, tol] : {std::pair{dtype::f16, 2e-3f}, {dtype::bf16, 2e-3f}, {dtype::q8_0, 2e-3f}}) {
+    // Tolerances are about four units in the last place of the activation type (F16 2^-11,
+    // BF16 2^-8): an activation one ulp from a rounding boundary rounds to one side here and to
+    // the other there, and whether it does depends on whether the compiler fused a multiply-add
+    // in a scalar loop (seen: BF16 6.7e-8 at -O2 but 4.1e-3 at -O1, i.e. one flipped BF16 ulp).
+    // A wrong kernel or a misread tensor is off by O(1).
+    for (auto [t, tol] : {std::pair{dtype::f16, 2e-3f}, {dtype::bf16, 1.6e-2f}, {dtype::q8_0, 2e-3f}}) {
         auto s = synth::preset("tiny");
         s.type = t;
         auto path = testutil::synth_file("m_tiny_" + std::string(dtype_name(t)) + ".gguf", s);
