@@ -84,10 +84,12 @@ def make_batch(stream, B, T, NB, Bk, mask_id, gen):
     return ids, starts, blocks, inp, m
 
 
-def losses(model, ids, starts, blocks, inp, m):
-    lc, lb, aux = model(ids[:, :-1], inp, starts)
+def losses(model, ids, starts, blocks, inp, m, diffusion=True):
+    """diffusion=False runs the commit pass only (l_d is 0): with --text-diff-weight 0 the preview
+    blocks on real text would cost about a third of the step for a loss nobody uses."""
+    lc, lb, aux = model(ids[:, :-1], inp if diffusion else None, starts if diffusion else ())
     l_ar = F.cross_entropy(lc.reshape(-1, lc.shape[-1]), ids[:, 1:].reshape(-1))
-    l_d = F.cross_entropy(lb[m], blocks[m])
+    l_d = F.cross_entropy(lb[m], blocks[m]) if diffusion else torch.zeros(())
     return l_ar, l_d, aux, lb
 
 
@@ -249,7 +251,7 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         ids, starts, blocks, inp, m = make_batch(train_stream, args.B, args.T, args.NB, 32, cfg.mask_id, gen)
-        l_ar, l_d, aux, _ = losses(model, ids, starts, blocks, inp, m)
+        l_ar, l_d, aux, _ = losses(model, ids, starts, blocks, inp, m, args.text_diff_weight != 0)
         loss = l_ar + args.text_diff_weight * l_d + 0.01 * aux
         dcur = ("", "")
         if dist:
