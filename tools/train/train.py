@@ -86,7 +86,8 @@ def make_batch(stream, B, T, NB, Bk, mask_id, gen):
 
 def losses(model, ids, starts, blocks, inp, m, diffusion=True):
     """diffusion=False runs the commit pass only (l_d is 0): with --text-diff-weight 0 the preview
-    blocks on real text would cost about a third of the step for a loss nobody uses."""
+    blocks on real text feed a loss nobody uses. Measured on one core with --distill: 6.3 s/step
+    without them, against 6.5 s/step in part 3 with them (the distillation batch dominates)."""
     lc, lb, aux = model(ids[:, :-1], inp if diffusion else None, starts if diffusion else ())
     l_ar = F.cross_entropy(lc.reshape(-1, lc.shape[-1]), ids[:, 1:].reshape(-1))
     l_d = F.cross_entropy(lb[m], blocks[m]) if diffusion else torch.zeros(())
