@@ -159,9 +159,10 @@ TEST_CASE("load_hf: BF16 checkpoints give the BF16 GGUF's logits") {
     const auto ids = ids_for(300, 30, 12);
     const auto want = logits_of(load(gguf), ids);
     // Matrices BF16 as in the GGUF, small tensors F32: the same numbers (bit-equal logits at
-    // -O2). Built without fused multiply-adds (-O1, the ASan job) the grouped-head and tiled-head
-    // paths round some activation differently before a BF16 product (seen: 2.9e-4), so the bound
-    // is a few BF16 ulps (2^-8 each); a misplaced or misconverted tensor is off by O(1).
+    // -O2). Built without fused multiply-adds (-O1, the ASan job) the two load paths (grouped V
+    // heads here, tiled there; which step diverges was not traced) round some activation
+    // differently before a BF16 product (seen: 2.9e-4), so the bound is a few BF16 ulps (2^-8
+    // each); a misplaced or misconverted tensor is off by O(1).
     const fs::path dir = testutil::tmp("hf_bf16");
     hftest::make_hf_folder(gguf, dir);
     CHECK(rel_diff(logits_of(load_hf(dir), ids), want) < 1.6e-2f);
