@@ -3,7 +3,8 @@
 # driven by tools/llama_bench_peer) on the same GGUF files, side by side in one run:
 #   * pp512 and tg128 tokens/s per engine and thread count; the two engines ALTERNATE (one
 #     invocation each per round, the order swapped every round), ROUNDS rounds, medians;
-#   * this machine's memory read bandwidth (membw, best of its repetitions per thread count)
+#   * this machine's memory read bandwidth (membw at the start, after every round and at the
+#     end; the best per thread count)
 #     and each engine's share of the generation roofline BW / (weight bytes per token);
 #   * a markdown table on stdout (and every raw JSON line in $OUT/results.jsonl).
 #
@@ -66,6 +67,9 @@ for m in "${models[@]}"; do
                     sed "s|^{|{\"file\":\"$m\",\"round\":$r,|" >> "$res"
             }
             if [ $((r % 2)) -eq 1 ]; then run_llama; run_clover; else run_clover; run_llama; fi
+            # the bandwidth again every round: on a shared machine a single measurement at the
+            # start once read 14.8 GB/s while clover's generation in the same run sustained 20
+            "$membw" -t "$t" -r 3 --mib 2048 --json | sed 's/^{/{"phase":"round",/' >> "$res"
             echo "bench: $(basename "$m") t=$t round $r/$ROUNDS done (load $(cut -d' ' -f1 /proc/loadavg))" >&2
         done
     done
