@@ -10,7 +10,10 @@
 // each a purely sequential stream. Measured (one Zen4 thread, 600 MB matrix, CPU time): one
 // stream R = 1 reads 27–28 GB/s for Q4_K/Q6_K/Q8_0, two distant streams 32–35 GB/s, while two
 // or four ADJACENT rows per tile (interleaved 1.7 KB apart) fell to 4–14 GB/s. Software prefetch
-// of the next rows did not help (22–30 GB/s). Prefill uses R = 2 × C = 4 (each unpacked
+// of the next rows did not help (22–30 GB/s). On a Zen 3 VM (2026-12-03) prefetching the row
+// pair 4 rows ahead in the decode loop lifted bench_kernels' gemv (Q4_K 7.3 -> 10.7 GB/s, Q6_K
+// 5.1 -> 11.3) but cost `clover bench` tg128 on Q4_K_M 10 % (20.0 vs 22.1 t/s at 2 threads,
+// 11.8 vs 13.1 at 1; four alternating rounds), so it is not used. Prefill uses R = 2 × C = 4 (each unpacked
 // weight super-block serves 4 tokens; 24 of the 32 vector registers hold accumulators and
 // operands), where the weight chunk is reused from L2.
 #include <algorithm>
