@@ -68,8 +68,10 @@ for m in "${models[@]}"; do
             }
             if [ $((r % 2)) -eq 1 ]; then run_llama; run_clover; else run_clover; run_llama; fi
             # the bandwidth again every round: on a shared machine a single measurement at the
-            # start once read 14.8 GB/s while clover's generation in the same run sustained 20
-            "$membw" -t "$t" -r 3 --mib 2048 --json | sed 's/^{/{"phase":"round",/' >> "$res"
+            # start once read 14.8 GB/s while clover's generation in the same run sustained 20,
+            # and one 5-round run read anything from 17.8 to 33.8 GB/s. The summary gives both
+            # the share of the best reading and the median share of the same round's reading.
+            "$membw" -t "$t" -r 3 --mib 2048 --json | sed "s|^{|{\"phase\":\"round\",\"file\":\"$m\",\"round\":$r,|" >> "$res"
             echo "bench: $(basename "$m") t=$t round $r/$ROUNDS done (load $(cut -d' ' -f1 /proc/loadavg))" >&2
         done
     done
@@ -84,7 +86,8 @@ bw = {}
 for r in rows:
     if r.get("test") == "membw_read":
         bw[r["threads"]] = max(bw.get(r["threads"], 0), r["best_gbs"])
-bw_max = max(bw.values()) if bw else 0
+round_bw = {(r["file"], r["threads"], r["round"]): r["best_gbs"] for r in rows
+            if r.get("test") == "membw_read" and r.get("phase") == "round"}
 runs = [r for r in rows if r.get("test", "").startswith(("pp", "tg"))]
 gen_bytes = {}
 for r in runs:
@@ -94,8 +97,12 @@ groups = {}
 for r in runs: groups.setdefault(key(r), []).extend(r["samples_ts"])
 variant = next((r.get("cpu_variant") for r in runs if r["engine"] == "llama.cpp"), "?")
 isa = next((r.get("isa") for r in runs if r["engine"] == "clover"), "?")
-print(f"| model | threads | test | llama.cpp t/s | clover t/s | clover / llama.cpp | roofline t/s | llama.cpp % | clover % |")
-print(f"|---|---|---|---|---|---|---|---|---|")
+by_round = {}  # (file, threads, test, round) -> {engine: t/s}
+for r in runs:
+    if "round" in r: by_round.setdefault((r["file"], r["threads"], r["test"], r["round"]), {})[r["engine"]] = r["samples_ts"][0]
+print("| model | threads | test | llama.cpp t/s | clover t/s | clover / llama.cpp | same-round ratio (median) "
+      "| roofline t/s | llama.cpp % | clover % | llama.cpp % of same round | clover % of same round |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 files = sorted({r["file"] for r in runs})
 for f in files:
     for t in sorted({r["threads"] for r in runs if r["file"] == f}):
@@ -103,15 +110,25 @@ for f in files:
             l = groups.get((f, t, test, "llama.cpp"), []); c = groups.get((f, t, test, "clover"), [])
             if not l or not c: continue
             ml, mc = statistics.median(l), statistics.median(c)
-            roof = lshare = cshare = ""
-            if test.startswith("tg") and f in gen_bytes and bw_max:
-                rt = bw_max * 1e9 / gen_bytes[f]
+            pairs = [(v["llama.cpp"], v["clover"], k[3]) for k, v in by_round.items()
+                     if k[:3] == (f, t, test) and len(v) == 2]
+            ratio = f"{statistics.median(cv / lv for lv, cv, _ in pairs):.2f}x" if pairs else ""
+            roof = lshare = cshare = lround = cround = ""
+            if test.startswith("tg") and f in gen_bytes and bw.get(t):
+                rt = bw[t] * 1e9 / gen_bytes[f]
                 roof, lshare, cshare = f"{rt:.1f}", f"{100 * ml / rt:.0f}%", f"{100 * mc / rt:.0f}%"
+                # engine GB/s over the bandwidth measured right after that round's two runs
+                sh = [(lv * gen_bytes[f] / 1e9 / round_bw[(f, t, k)], cv * gen_bytes[f] / 1e9 / round_bw[(f, t, k)])
+                      for lv, cv, k in pairs if (f, t, k) in round_bw]
+                if sh:
+                    lround = f"{100 * statistics.median(x for x, _ in sh):.0f}%"
+                    cround = f"{100 * statistics.median(y for _, y in sh):.0f}%"
             name = os.path.basename(f).replace(".gguf", "")
-            print(f"| {name} | {t} | {test} | {ml:.2f} (n={len(l)}) | {mc:.2f} (n={len(c)}) | {mc / ml:.2f}x | {roof} | {lshare} | {cshare} |")
+            print(f"| {name} | {t} | {test} | {ml:.2f} (n={len(l)}) | {mc:.2f} (n={len(c)}) | {mc / ml:.2f}x | {ratio} "
+                  f"| {roof} | {lshare} | {cshare} | {lround} | {cround} |")
 print()
 print(f"llama.cpp CPU variant: {variant}; clover kernels: {isa}; medians of per-run t/s.")
 print("memory read bandwidth (membw, best): " + ", ".join(f"{t} thread(s) {b:.1f} GB/s" for t, b in sorted(bw.items()))
-      + f"; roofline = {bw_max:.1f} GB/s / weight bytes per generated token (" +
+      + "; roofline = that bandwidth / weight bytes per generated token (" +
       ", ".join(f"{os.path.basename(f).replace('.gguf', '')} {gen_bytes[f] / 1e6:.0f} MB" for f in files if f in gen_bytes) + ")")
 EOF
