@@ -31,28 +31,37 @@ def ar_greedy(model, prompt, n):
 
 
 @torch.no_grad()
+def fill_block(model, cfg, ids, tau=0.95, B=32):
+    """One LowConfidence block (greedy) after each row of ids [n, p], batched: every row keeps its
+    own mask state; per preview pass, commit every masked row with p >= tau, or else the most
+    confident one (the mask token itself is never picked). Returns the block [n, B] and the
+    preview passes summed over the rows (a row that is already full needs no more passes)."""
+    M = cfg.mask_id
+    block = torch.full((len(ids), B), M, dtype=torch.long)
+    passes = 0
+    while (block == M).any():
+        _, lb, _ = model(ids, block[:, None], [ids.shape[1]])
+        logits = lb[:, 0].clone()
+        logits[..., M] = float("-inf")
+        conf, pick = torch.softmax(logits, -1).max(-1)            # [n, B]
+        masked = block == M
+        conf = conf.masked_fill(~masked, -1.0)
+        hit = masked & (conf >= tau)
+        none = ~hit.any(-1) & masked.any(-1)
+        hit[none, conf.argmax(-1)[none]] = True
+        block = torch.where(hit, pick, block)
+        passes += int(masked.any(-1).sum())
+    return block, passes
+
+
+@torch.no_grad()
 def low_confidence(model, cfg, prompt, n, B=32, tau=0.95):
     ids = list(prompt)
     passes = 0
-    M = cfg.mask_id
     while len(ids) - len(prompt) < n:
-        p = len(ids)
-        block = [M] * B
-        while M in block:
-            _, lb, _ = model(torch.tensor([ids]), torch.tensor([[block]]), [p])
-            passes += 1
-            logits = lb[0, 0].clone()
-            logits[:, M] = float("-inf")
-            prob = torch.softmax(logits, -1)
-            conf, pick = prob.max(-1)
-            masked = [t for t in range(B) if block[t] == M]
-            hit = [t for t in masked if float(conf[t]) >= tau]
-            if not hit:
-                hit = [max(masked, key=lambda t: float(conf[t]))]
-            for t in hit:
-                block[t] = int(pick[t])
-        ids += block
-        passes += 1  # commit pass over the finished block
+        block, p = fill_block(model, cfg, torch.tensor([ids]), tau, B)
+        ids += block[0].tolist()
+        passes += p + 1  # + the commit pass over the finished block
     return ids[len(prompt):], passes
 
 

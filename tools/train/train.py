@@ -167,29 +167,18 @@ def simulate_decoder(model, dist, cfg, rows=8, tau=0.95):
     of 64 and 192 tokens, `rows` of each, batched (every row keeps its own mask state):
     sim_tpf = 32 / (preview passes + 1 commit pass) per block, the number the benchmark reports,
     and sim_agree = share of committed rows equal to the distillation target (greedy AR)."""
+    from diffusion_eval import fill_block  # here, not at the top: diffusion_eval imports train
     model.eval()
-    Bk, M = cfg.block_size, cfg.mask_id
+    Bk = cfg.block_size
     passes = agree = n = 0
     for P in (64, 192):
         if P not in dist.sets:
             continue
-        ids = torch.from_numpy(dist.sets[P][-rows:, :P + Bk])            # [rows, P + Bk]
-        block = torch.full((len(ids), Bk), M, dtype=torch.long)
-        while (block == M).any():
-            _, lb, _ = model(ids, block[:, None], [P])
-            logits = lb[:, 0].clone()
-            logits[..., M] = float("-inf")
-            conf, pick = torch.softmax(logits, -1).max(-1)            # [rows, Bk]
-            masked = block == M
-            conf = conf.masked_fill(~masked, -1.0)
-            hit = masked & (conf >= tau)
-            best = conf.argmax(-1)
-            none = ~hit.any(-1) & masked.any(-1)
-            hit[none, best[none]] = True
-            block = torch.where(hit, pick, block)
-            passes += int(masked.any(-1).sum())
-        agree += int((block == ids[:, P:]).sum())
-        n += len(ids)
+        rows_P = torch.from_numpy(dist.sets[P][-rows:])                  # [rows, P + cont]
+        block, p = fill_block(model, cfg, rows_P[:, :P], tau, Bk)
+        passes += p
+        agree += int((block == rows_P[:, P:P + Bk]).sum())
+        n += len(rows_P)
     model.train()
     return {"sim_tpf": n * Bk / (passes + n), "sim_agree": agree / (n * Bk)}
 
