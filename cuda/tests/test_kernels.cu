@@ -8,8 +8,8 @@
 #include <numeric>
 
 #include <clover/clover.hpp>
-#include <clover/layers/gdn_kernels.hpp>
-#include <clover/layers/rope.hpp>
+#include <clover/backend/cpu/gdn_kernels.hpp>
+#include <clover/backend/cpu/rope.hpp>
 
 using namespace clover;
 namespace cd = clover::backend::cuda_detail;
@@ -57,7 +57,8 @@ weight f32_weight(const std::vector<float>& v) {
     return w;
 }
 
-using gdn_cpu = layers::gated_deltanet<variants::from_file, backend::cpu>;
+using gdn_layer = layers::gated_deltanet<variants::from_file>;
+namespace cpud = backend::cpu_detail;
 
 }  // namespace
 
@@ -125,13 +126,13 @@ CUDA_TEST_CASE("rms_norm (strided heads), softmax rows and rope equal the CPU fu
     // rope over [tokens, heads, hd] with interleaved sections leaving a slot unrotated
     for (auto sec : {std::array<int, 4>{0, 0, 0, 0}, {1, 1, 0, 1}, {11, 11, 10, 0}}) {
         const std::int64_t T = 5, H = 3, hd = 70, n_rot = sec[0] == 11 ? 64 : 8, pos0 = 1234;
-        layers::rope_params rp{n_rot, 1e7f, sec};
+        cpud::rope_params rp{n_rot, 1e7f, sec};
         auto q = testutil::random_vec(static_cast<std::size_t>(T * H * hd), 43);
         auto want_q = q;
         std::vector<float> cs(static_cast<std::size_t>(n_rot));
         for (std::int64_t t = 0; t < T; ++t) {
-            layers::rope_cache(rp, pos0 + t, cs.data());
-            for (std::int64_t h = 0; h < H; ++h) layers::rope_apply(want_q.data() + (t * H + h) * hd, n_rot, cs.data());
+            cpud::rope_cache(rp, pos0 + t, cs.data());
+            for (std::int64_t h = 0; h < H; ++h) cpud::rope_apply(want_q.data() + (t * H + h) * hd, n_rot, cs.data());
         }
         cd::rope_args ra;
         ra.n_rot = int(n_rot);
@@ -160,7 +161,7 @@ CUDA_TEST_CASE("GDN conv + SiLU (with look-ahead taps), ring advance and q/k L2 
             cd::conv_silu(dr.p(), dm.p(), dwc.p(), look ? drt.p() : nullptr, dy.p(), n, C, int(K), nullptr);
             CHECK(rel(dy.host(), y) < 1e-6f);
             // normalize_qk in place on both
-            gdn_cpu::normalize_qk(d, y.data(), n, 0.37f);
+            cpud::normalize_qk(gdn_layer::shape(d), y.data(), n, 0.37f);
             cd::gdn_layout L{C, d.qk_heads(), d.v_heads(), d.dk(), d.dv(), false};
             cd::l2norm_qk(dy.p(), n, L, hp.rms_eps, 0.37f, nullptr);
             CHECK(rel(dy.host(), y) < 1e-6f);
@@ -177,7 +178,7 @@ namespace {
 // Random normalised GDN rows [n, C] as the layer feeds the recurrence.
 std::vector<float> gdn_rows(const dims<variants::from_file>& d, std::int64_t n, std::uint64_t seed) {
     auto y = testutil::random_vec(static_cast<std::size_t>(n * d.conv_channels()), seed);
-    gdn_cpu::normalize_qk(d, y.data(), n, 1.f / std::sqrt(float(d.dk())));
+    cpud::normalize_qk(gdn_layer::shape(d), y.data(), n, 1.f / std::sqrt(float(d.dk())));
     return y;
 }
 }  // namespace
@@ -204,9 +205,9 @@ CUDA_TEST_CASE("fused GDN step (gates + recurrence + gated norm) equals the CPU 
         auto Sc = S;
         for (std::int64_t h = 0; h < Hv; ++h) {
             const std::int64_t kh = hp.gdn_qk_head_of(h);
-            layers::gdn_head_io io{y.data() + kh * dk, y.data() + Hk * dk + kh * dk, y.data() + 2 * Hk * dk + h * dv,
+            cpud::gdn_head_io io{y.data() + kh * dk, y.data() + Hk * dk + kh * dk, y.data() + 2 * Hk * dk + h * dv,
                                    g.data() + h, beta.data() + h, o.data() + h * dv, C, C, C, Hv, inner};
-            layers::gdn_recurrent(Sc.data() + h * dk * dv, io, n, dk, dv, tmp);
+            cpud::gdn_recurrent(Sc.data() + h * dk * dv, io, n, dk, dv, tmp);
         }
         auto o_raw = o;
         for (std::int64_t r = 0; r < n * Hv; ++r) {
@@ -243,14 +244,14 @@ CUDA_TEST_CASE("chunked GDN prefill kernel equals the CPU chunked form and the r
         auto S = testutil::random_vec(static_cast<std::size_t>(Hv * dk * dv), 74, -0.3f, 0.3f);
         std::vector<float> oc(static_cast<std::size_t>(n * inner)), orr(oc.size()), tmp;
         auto Sc = S, Sr = S;
-        layers::gdn_chunk_scratch sc;
+        cpud::gdn_chunk_scratch sc;
         for (std::int64_t h = 0; h < Hv; ++h) {
             const std::int64_t kh = hp.gdn_qk_head_of(h);
-            layers::gdn_head_io io{y.data() + kh * dk, y.data() + Hk * dk + kh * dk, y.data() + 2 * Hk * dk + h * dv,
+            cpud::gdn_head_io io{y.data() + kh * dk, y.data() + Hk * dk + kh * dk, y.data() + 2 * Hk * dk + h * dv,
                                    g.data() + h, beta.data() + h, oc.data() + h * dv, C, C, C, Hv, inner};
-            layers::gdn_chunked(Sc.data() + h * dk * dv, io, n, dk, dv, sc, 32);
+            cpud::gdn_chunked(Sc.data() + h * dk * dv, io, n, dk, dv, sc, 32);
             io.o = orr.data() + h * dv;
-            layers::gdn_recurrent(Sr.data() + h * dk * dv, io, n, dk, dv, tmp);
+            cpud::gdn_recurrent(Sr.data() + h * dk * dv, io, n, dk, dv, tmp);
         }
         cd::gdn_layout L{C, Hk, Hv, dk, dv, false};
         dvec<float> dS(S), dy(y), dg(g), db(beta), dout(oc.size());
@@ -271,16 +272,16 @@ CUDA_TEST_CASE("preview block softmax with history slot equals block_softmax_mix
         dims<variants::from_file> d{&hp};
         const std::int64_t C = d.conv_channels(), inner = Hv * dv;
         auto y = testutil::random_vec(static_cast<std::size_t>(B * C), 81);
-        gdn_cpu::normalize_qk(d, y.data(), B, 1.f);
+        cpud::normalize_qk(gdn_layer::shape(d), y.data(), B, 1.f);
         auto S = testutil::random_vec(static_cast<std::size_t>(Hv * dk * dv), 82);
         auto lam = testutil::random_vec(static_cast<std::size_t>(Hv), 83, 1.f, 8.f), hb = testutil::random_vec(static_cast<std::size_t>(Hv), 84),
              hc = testutil::random_vec(static_cast<std::size_t>(Hv), 85);
         std::vector<float> o(static_cast<std::size_t>(B * inner)), logit(static_cast<std::size_t>(B + 1)), r(static_cast<std::size_t>(dv));
         for (std::int64_t h = 0; h < Hv; ++h) {
             const std::int64_t kh = hp.gdn_qk_head_of(h);
-            layers::gdn_head_io io{y.data() + kh * dk, y.data() + Hk * dk + kh * dk, y.data() + 2 * Hk * dk + h * dv,
+            cpud::gdn_head_io io{y.data() + kh * dk, y.data() + Hk * dk + kh * dk, y.data() + 2 * Hk * dk + h * dv,
                                    nullptr, nullptr, o.data() + h * dv, C, C, C, 0, inner};
-            gdn_cpu::block_softmax_mix(S.data() + h * dk * dv, io, B, dk, dv, lam[h], hb[h], hc[h], logit, r);
+            cpud::block_softmax_mix(S.data() + h * dk * dv, io, B, dk, dv, lam[h], hb[h], hc[h], logit, r);
         }
         cd::gdn_layout L{C, Hk, Hv, dk, dv, false};
         dvec<float> dS(S), dy(y), dout(o.size()), dl(lam), dhb(hb), dhc(hc);
@@ -290,7 +291,6 @@ CUDA_TEST_CASE("preview block softmax with history slot equals block_softmax_mix
 }
 
 CUDA_TEST_CASE("attention over the KV cache equals the CPU: causal rows and preview blocks, GQA, odd head dims") {
-    using attn = layers::gated_attention<variants::from_file, backend::cpu>;
     for (auto [H, Hkv, hd, pos0, n] : {std::tuple{std::int64_t(6), std::int64_t(2), std::int64_t(12), std::int64_t(0), std::int64_t(5)},
                                        {4, 2, 33, 17, 3}, {16, 2, 256, 300, 2}, {3, 3, 7, 1, 1}}) {
         CAPTURE(H); CAPTURE(hd); CAPTURE(pos0); CAPTURE(n);
@@ -303,10 +303,11 @@ CUDA_TEST_CASE("attention over the KV cache equals the CPU: causal rows and prev
         const std::int64_t group = H / Hkv;
         for (std::int64_t th = 0; th < n * H; ++th) {
             const std::int64_t t = th / H, kvh = (th % H) / group;
-            attn::attend(q.data() + th * hd, {kc.data() + kvh * hd, vc.data() + kvh * hd, kvw, pos0 + t + 1}, {nullptr, nullptr, 0, 0},
-                         hd, scale, causal.data() + th * hd, p);
-            attn::attend(q.data() + th * hd, {kc.data() + kvh * hd, vc.data() + kvh * hd, kvw, pos0},
-                         {kb.data() + kvh * hd, vb.data() + kvh * hd, kvw, n}, hd, scale, prev.data() + th * hd, p);
+            const std::vector<cpud::kv_run> causal_runs{{kc.data() + kvh * hd, vc.data() + kvh * hd, kvw, pos0 + t + 1, false}};
+            cpud::attend_runs(q.data() + th * hd, causal_runs, hd, scale, causal.data() + th * hd, p);
+            const std::vector<cpud::kv_run> block_runs{{kc.data() + kvh * hd, vc.data() + kvh * hd, kvw, pos0, false},
+                                                       {kb.data() + kvh * hd, vb.data() + kvh * hd, kvw, n, false}};
+            cpud::attend_runs(q.data() + th * hd, block_runs, hd, scale, prev.data() + th * hd, p);
         }
         dvec<float> dq(q), dkc(kc), dvc(vc), dkb(kb), dvb(vb), dout(q.size());
         cd::attn_args a{dq.p(), dout.p(), dkc.p(), dvc.p(), kvw, pos0 + 1, true};
@@ -328,11 +329,11 @@ CUDA_TEST_CASE("CUB routing: top-k with ties to the lower index, coreset masks, 
         for (std::int64_t t = 0; t < n; ++t) logits[t * X + X - 1] = logits[t * X + 1];  // ties
         auto probs = logits;
         for (std::int64_t t = 0; t < n; ++t) math::softmax(probs.data() + t * X, X);
-        auto allowed = layers::select_coreset(probs.data(), n, X, C);
+        auto allowed = cpud::select_coreset(probs.data(), n, X, C);
         const int kk = allowed.empty() ? k : int(std::min<std::int64_t>(k, std::int64_t(allowed.size())));
         std::vector<std::int32_t> ids(static_cast<std::size_t>(n * kk));
         std::vector<float> w(ids.size());
-        for (std::int64_t t = 0; t < n; ++t) layers::route_row(probs.data() + t * X, X, kk, allowed, ids.data() + t * kk, w.data() + t * kk);
+        for (std::int64_t t = 0; t < n; ++t) cpud::route_row(probs.data() + t * X, X, kk, allowed, ids.data() + t * kk, w.data() + t * kk);
         dvec<float> dp(probs);
         dvec<std::uint8_t> mask(static_cast<std::size_t>(X));
         cd::coreset(dp.p(), n, X, C, mask.p(), nullptr);
@@ -368,11 +369,19 @@ CUDA_TEST_CASE("expert-grouped products (CUB sort/scan grouping) equal the CPU e
             auto probs = testutil::random_vec(static_cast<std::size_t>(n * X), 112, 0.f, 1.f);
             std::vector<std::int32_t> ids(static_cast<std::size_t>(n * k));
             std::vector<float> w(ids.size());
-            for (std::int64_t r = 0; r < n; ++r) layers::route_row(probs.data() + r * X, X, k, {}, ids.data() + r * k, w.data() + r * k);
+            for (std::int64_t r = 0; r < n; ++r) cpud::route_row(probs.data() + r * X, X, k, {}, ids.data() + r * k, w.data() + r * k);
             std::vector<float> want(static_cast<std::size_t>(n * E));
-            workspace ws;
-            layers::sparse_moe<variants::from_file, backend::cpu>::experts(m.backend(), d, mw, x.data(), want.data(), n, k,
-                                                                           ids.data(), w.data(), ws);
+            // The CPU twin: the MoE primitive with the shared expert left out (moe_experts is the
+            // routed part only).
+            using moe = layers::sparse_moe<variants::from_file>;
+            auto sh = moe::shape(d, mw);
+            sh.n_ff_shared = 0;
+            auto mp = moe::params(mw);
+            mp.gate_shexp = nullptr;
+            cpud::gemm_scratch gs;
+            cpud::moe_scratch ms;
+            cpud::thread_pool pool(2);
+            cpud::moe_ffn(pool, gs, ms, sh, mp, x.data(), n, ids.data(), w.data(), want.data(), E, true);
             const auto& gate = be.upload(mw.gate_exps);
             const auto& up = be.upload(mw.up_exps);
             const auto& down = be.upload(mw.down_exps);

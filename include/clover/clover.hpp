@@ -4,4 +4,4 @@
 #include "clover/decode/generate.hpp"
 #include "clover/io/gguf.hpp"
 #include "clover/model/model.hpp"
-#include "clover/model/variants.hpp"
+#include "clover/arch/dims.hpp"

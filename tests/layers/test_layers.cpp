@@ -5,9 +5,9 @@
 #include <cmath>
 
 #include <clover/core/math.hpp>
-#include <clover/layers/gdn_kernels.hpp>
-#include <clover/layers/rope.hpp>
-#include <clover/layers/sparse_moe.hpp>
+#include <clover/backend/cpu/gdn_kernels.hpp>
+#include <clover/backend/cpu/rope.hpp>
+#include <clover/backend/cpu/moe.hpp>
 
 #include "../common/test_util.hpp"
 
@@ -28,22 +28,22 @@ TEST_CASE("chunked (WY) gated delta rule equals the token-by-token recurrence") 
         auto S1 = testutil::random_vec(std::size_t(dk * dv), 6);  // a non-zero initial state
         auto S2 = S1;
         std::vector<float> o1(std::size_t(n * dv)), o2(std::size_t(n * dv)), tmp;
-        layers::gdn_head_io io1{q.data(), k.data(), v.data(), g.data(), beta.data(), o1.data(), dk, dk, dv, 1, dv};
-        layers::gdn_head_io io2 = io1;
+        backend::cpu_detail::gdn_head_io io1{q.data(), k.data(), v.data(), g.data(), beta.data(), o1.data(), dk, dk, dv, 1, dv};
+        backend::cpu_detail::gdn_head_io io2 = io1;
         io2.o = o2.data();
-        layers::gdn_recurrent(S1.data(), io1, n, dk, dv, tmp);
-        layers::gdn_chunk_scratch sc;
-        layers::gdn_chunked(S2.data(), io2, n, dk, dv, sc, chunk);
+        backend::cpu_detail::gdn_recurrent(S1.data(), io1, n, dk, dv, tmp);
+        backend::cpu_detail::gdn_chunk_scratch sc;
+        backend::cpu_detail::gdn_chunked(S2.data(), io2, n, dk, dv, sc, chunk);
         CHECK(testutil::max_abs_diff(o1.data(), o2.data(), o1.size()) < 2e-5f * (1 + testutil::max_abs(o1)));
         CHECK(testutil::max_abs_diff(S1.data(), S2.data(), S1.size()) < 2e-5f * (1 + testutil::max_abs(S1)));
     }
 }
 
 TEST_CASE("rope: recurrence-built angles equal the closed form; unrotated tail untouched") {
-    layers::rope_params rp{8, 10000.f, {0, 0, 0, 0}};
+    backend::cpu_detail::rope_params rp{8, 10000.f, {0, 0, 0, 0}};
     for (std::int64_t pos : {0, 1, 17, 1000, 4095}) {
         std::vector<float> cs(8);
-        layers::rope_cache(rp, pos, cs.data());
+        backend::cpu_detail::rope_cache(rp, pos, cs.data());
         for (int i = 0; i < 4; ++i) {
             const double a = double(pos) * std::pow(10000.0, -2.0 * i / 8.0);
             CHECK(cs[2 * i] == doctest::Approx(std::cos(a)).epsilon(1e-4));
@@ -51,15 +51,15 @@ TEST_CASE("rope: recurrence-built angles equal the closed form; unrotated tail u
         }
         auto x = testutil::random_vec(13, 9);
         auto y = x;
-        layers::rope_apply(y.data(), 8, cs.data());
+        backend::cpu_detail::rope_apply(y.data(), 8, cs.data());
         for (int i = 8; i < 13; ++i) CHECK(y[i] == x[i]);
         for (int i = 0; i < 4; ++i)  // rotation keeps each pair's length
             CHECK(std::hypot(y[i], y[i + 4]) == doctest::Approx(std::hypot(x[i], x[i + 4])).epsilon(1e-5));
     }
     // Interleaved sections: with {1,1,0,1} slot 2 falls on the extra stream and is not rotated.
-    layers::rope_params mr{8, 10000.f, {1, 1, 0, 1}};
+    backend::cpu_detail::rope_params mr{8, 10000.f, {1, 1, 0, 1}};
     std::vector<float> cs(8);
-    layers::rope_cache(mr, 37, cs.data());
+    backend::cpu_detail::rope_cache(mr, 37, cs.data());
     CHECK(cs[4] == 1.f);
     CHECK(cs[5] == 0.f);
     CHECK(cs[2] != 1.f);
@@ -83,13 +83,13 @@ TEST_CASE("routing: top-k with ties to the lower index, renormalised, restricted
     std::vector<float> p = {0.1f, 0.3f, 0.3f, 0.05f, 0.25f};
     std::int32_t ids[3];
     float w[3];
-    layers::route_row(p.data(), 5, 3, {}, ids, w);
+    backend::cpu_detail::route_row(p.data(), 5, 3, {}, ids, w);
     CHECK(ids[0] == 1);
     CHECK(ids[1] == 2);
     CHECK(ids[2] == 4);
     CHECK(w[0] + w[1] + w[2] == doctest::Approx(1.0));
     CHECK(w[0] == doctest::Approx(0.3 / 0.85));
-    layers::route_row(p.data(), 5, 3, {0, 3}, ids, w);  // k' = min(k, |set|) = 2
+    backend::cpu_detail::route_row(p.data(), 5, 3, {0, 3}, ids, w);  // k' = min(k, |set|) = 2
     CHECK(ids[0] == 0);
     CHECK(ids[1] == 3);
     CHECK(w[0] == doctest::Approx(0.1 / 0.15));

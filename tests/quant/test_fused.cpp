@@ -78,30 +78,70 @@ TEST_CASE("matmul_many: per-job inputs, row gathers and widths equal separate ma
     }
 }
 
-TEST_CASE("fused MoE block equals experts() + shared_expert() bit for bit (1 and many rows, odd shapes)") {
+TEST_CASE("MoE primitive over many rows equals its one-row twin bit for bit (1 and many rows, odd shapes)") {
     for (auto spec : {testutil::odd_spec(), k256_spec(dtype::q4_k, true)}) {
         CAPTURE(spec.preset);
         const std::string path = testutil::synth_file("fused_moe_" + spec.preset + ".gguf", spec);
         rt_model m(load(path), {2});
         const auto d = m.dim();
         const auto& w = m.weights().layers[1].moe;
-        using moe = layers::sparse_moe<variants::from_file, backend::cpu>;
-        const std::int64_t E = d.n_embd(), k = d.n_expert_used();
+        using moe = layers::sparse_moe<variants::from_file>;
+        const auto sh = moe::shape(d, w);
+        const std::int64_t E = d.n_embd(), k = d.n_expert_used(), F = d.n_ff_exp(), Fs = sh.n_ff_shared;
+        auto& be = m.backend();
         for (std::int64_t n : {1, 3, 37}) {
             CAPTURE(n);
             const auto x = testutil::random_vec(std::size_t(n * E), std::uint64_t(n) + 1);
             std::vector<float> probs(std::size_t(n * d.n_expert()));
-            moe::router_probs(m.backend(), d, w, x.data(), probs.data(), n);
+            be.matmul(w.router, x.data(), probs.data(), n);
             std::vector<std::int32_t> ids(std::size_t(n * k));
             std::vector<float> wts(std::size_t(n * k));
-            for (std::int64_t t = 0; t < n; ++t)
-                layers::route_row(probs.data() + t * d.n_expert(), d.n_expert(), k, {}, ids.data() + t * k, wts.data() + t * k);
-            std::vector<float> fused(std::size_t(n * E)), plain(std::size_t(n * E));
-            workspace ws;
-            backend::cpu::exact_rows_scope exact(m.backend());
-            moe::ffn(m.backend(), d, w, x.data(), fused.data(), n, k, ids.data(), wts.data());
-            moe::experts(m.backend(), d, w, x.data(), plain.data(), n, k, ids.data(), wts.data(), ws);
-            moe::shared_expert(m.backend(), d, w, x.data(), plain.data(), n);
+            for (std::int64_t t = 0; t < n; ++t) {
+                math::softmax(probs.data() + t * d.n_expert(), d.n_expert());
+                backend::cpu_detail::route_row(probs.data() + t * d.n_expert(), d.n_expert(), k, {}, ids.data() + t * k, wts.data() + t * k);
+            }
+            std::vector<float> fused(std::size_t(n * E)), plain(std::size_t(n * E), 0.f);
+            backend::cpu_detail::gemm_scratch gs;
+            backend::cpu_detail::moe_scratch ms;
+            backend::cpu_detail::thread_pool pool(2);
+            backend::cpu_detail::moe_ffn(pool, gs, ms, sh, moe::params(w), x.data(), n, ids.data(), wts.data(), fused.data(), E, true);
+            // The twin: one row at a time, experts in ascending id, then the shared expert.
+            backend::cpu::exact_rows_scope exact(be);
+            auto swiglu = [&](const weight& g, const weight& u, const weight& dn, const float* xr, std::int64_t ff, float* yr) {
+                std::vector<float> a(static_cast<std::size_t>(ff)), b(static_cast<std::size_t>(ff));
+                be.matmul(g, xr, a.data(), 1);
+                be.matmul(u, xr, b.data(), 1);
+                for (std::int64_t i = 0; i < ff; ++i) a[std::size_t(i)] = math::silu(a[std::size_t(i)]) * b[std::size_t(i)];
+                be.matmul(dn, a.data(), yr, 1);
+            };
+            std::vector<float> yr(static_cast<std::size_t>(E));
+            for (std::int64_t t = 0; t < n; ++t) {
+                const float* xr = x.data() + t * E;
+                float* o = plain.data() + t * E;
+                std::vector<std::int64_t> order(static_cast<std::size_t>(k));
+                for (std::int64_t j = 0; j < k; ++j) order[std::size_t(j)] = j;
+                std::sort(order.begin(), order.end(), [&](auto a, auto b) { return ids[std::size_t(t * k + a)] < ids[std::size_t(t * k + b)]; });
+                for (std::int64_t j : order) {
+                    const std::int32_t e = ids[std::size_t(t * k + j)];
+                    weight g, u;
+                    if (w.gate_up_exps) {
+                        g = w.gate_up_exps.expert(e).row_slice(0, F);
+                        u = w.gate_up_exps.expert(e).row_slice(F, F);
+                    } else {
+                        g = w.gate_exps.expert(e);
+                        u = w.up_exps.expert(e);
+                    }
+                    swiglu(g, u, w.down_exps.expert(e), xr, F, yr.data());
+                    for (std::int64_t i = 0; i < E; ++i) o[i] += wts[std::size_t(t * k + j)] * yr[std::size_t(i)];
+                }
+                if (Fs) {
+                    swiglu(w.gate_shexp, w.up_shexp, w.down_shexp, xr, Fs, yr.data());
+                    float dot = 0.f;
+                    for (std::int64_t i = 0; i < E; ++i) dot += xr[i] * w.shexp_gate.f32()[i];
+                    const float sg = math::sigmoid(dot);
+                    for (std::int64_t i = 0; i < E; ++i) o[i] += sg * yr[std::size_t(i)];
+                }
+            }
             CHECK(std::memcmp(fused.data(), plain.data(), fused.size() * 4) == 0);
         }
     }

@@ -9,6 +9,7 @@
 // rules (end-of-generation ids, stop strings, max tokens), which live in detail::emitter.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -202,15 +203,18 @@ void low_confidence::run(context<Model>& c) const {
             ++st.preview_passes;
             // Pick every masked row; commit those at or above the threshold, else the most
             // confident one.
+            // A NaN confidence (NaN logits: a broken file) counts as -1, so some masked row is
+            // always chosen and the block always ends.
             std::int64_t best = -1;
-            float best_p = -1.f;
+            float best_p = -2.f;
             token best_id = mask;
             std::vector<std::pair<std::int64_t, token>> take;
             for (std::int64_t t = 0; t < end; ++t) {
                 if (known[t]) continue;
                 const choice c = smp.pick(lg.data() + t * V, V, h, mask);
-                if (c.p >= threshold) take.emplace_back(t, c.id);
-                if (c.p > best_p) { best_p = c.p; best = t; best_id = c.id; }
+                const float p = std::isnan(c.p) ? -1.f : c.p;
+                if (p >= threshold) take.emplace_back(t, c.id);
+                if (p > best_p) { best_p = p; best = t; best_id = c.id; }
             }
             if (take.empty()) take.emplace_back(best, best_id);
             for (auto [t, id] : take) {
@@ -241,8 +245,10 @@ void self_speculative::run(context<Model>& c) const {
     token next = smp.pick(logits.data(), V, out.hist).id;  // the AR token for position n_past
     bool going = out.emit(next);
     while (going) {
-        const std::int64_t B = std::min(block, room());
-        if (B < 1) { st.stop_reason = "context"; break; }
+        // Row 0 is the token already emitted, so at most max_tokens - tokens more can follow:
+        // a block larger than that drafts and verifies rows that can never be used.
+        const std::int64_t B = std::min({block, room(), o.max_tokens - st.tokens + 1});
+        if (room() < 1) { st.stop_reason = "context"; break; }
         // Draft: row 0 is the known AR token; the rest start masked.
         std::vector<token> rows(std::size_t(B), mask);
         rows[0] = next;

@@ -1,31 +1,34 @@
 #pragma once
 // The composed model: embedding, then per layer a token mixer chosen by the layer pattern
-// (gated attention every full_attention_interval-th layer, Gated DeltaNet otherwise) and a
-// sparse MoE, both pre-norm residual; final norm and LM head. Template on the variant (static
-// or from_file dimensions) and on the backend policy.
+// (gated attention or Gated DeltaNet) and a sparse MoE, both pre-norm residual; final norm and
+// LM head. Template on the variant (static or from_file dimensions) and on the backend policy.
+//
+// A pass is a batch of segments from many sequences (core/batch.hpp), run as a fixed sequence
+// of backend primitives (execution.md rule 1) with one read-back at the end (rule 2). The
+// model owns nothing per sequence: sessions are handles into the backend's state pool.
+#include <array>
 #include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "clover/arch/dims.hpp"
+#include "clover/arch/hparams.hpp"
+#include "clover/arch/weights.hpp"
+#include "clover/backend/concept.hpp"
 #include "clover/backend/cpu/cpu.hpp"
-#include "clover/core/math.hpp"
+#include "clover/core/batch.hpp"
 #include "clover/io/gguf.hpp"
 #include "clover/layers/gated_attention.hpp"
 #include "clover/layers/gated_deltanet.hpp"
 #include "clover/layers/sparse_moe.hpp"
-#include "clover/model/hparams.hpp"
-#include "clover/model/passes.hpp"
 #include "clover/model/session.hpp"
-#include "clover/model/variants.hpp"
-#include "clover/model/weights.hpp"
 
 namespace clover {
-
-using token = std::int32_t;
 
 // Opens a model file (mmap; nothing is copied).
 inline std::shared_ptr<const io::gguf_file> load(const std::filesystem::path& path) {
@@ -35,19 +38,47 @@ inline std::shared_ptr<const io::gguf_file> load(const std::filesystem::path& pa
 // Which rows of a commit pass produce logits.
 enum class logits_rows { none, last, all };
 
+// One sequence's part of a pass (model::run).
+struct pass_request {
+    session* s;
+    pass_kind kind = pass_kind::commit;
+    std::span<const token> ids;
+    std::int64_t logits = 0;    // how many of the last rows give logits (0: none)
+    std::int64_t coreset = -1;  // preview: expert coreset (-1: the file's default)
+};
+
 template <variant V, class Backend = backend::cpu>
-class model {
+class model : private detail::sequence_owner {
+    static_assert(backend::backend_for<Backend>,
+                  "clover::model: the backend does not implement the backend concept (backend/concept.hpp); "
+                  "the compiler's note names the missing primitive");
+
 public:
     using variant_type = V;
     using backend_type = Backend;
+    using attention_layer = layers::gated_attention<V>;
+    using gdn_layer = layers::gated_deltanet<V>;
+    using moe_layer = layers::sparse_moe<V>;
 
     explicit model(std::shared_ptr<const io::gguf_file> file, typename Backend::options opt = {},
                    void (*warn)(const std::string&) = nullptr)
         : hp_(read_hparams(*file, warn)), weights_(bind_weights(file, hp_)), be_(opt) {
         check_fits<V>(hp_, file->path());
         if constexpr (!V::diffusion) weights_.missing_diffusion.clear();  // causal-only variants never ask
-        if constexpr (requires { be_.map_weights(file->map().bytes()); }) be_.map_weights(file->map().bytes());
+        be_.map_weights(file->map().bytes());
+        const dims<V> d = dim();
+        for (std::int64_t il = 0; il < d.n_layer(); ++il) {
+            if (weights_.layers[std::size_t(il)].recurrent) {
+                spec_.push_back(gdn_layer::state_spec(d));
+                gdn_layers_.push_back(il);
+            } else {
+                spec_.push_back(attention_layer::state_spec(d));
+            }
+        }
     }
+    model(const model&) = delete;
+    model& operator=(const model&) = delete;
+    ~model() override = default;
 
     const hparams& hp() const { return hp_; }
     const model_weights& weights() const { return weights_; }
@@ -55,29 +86,74 @@ public:
     dims<V> dim() const { return dims<V>{&hp_}; }
     std::int64_t n_vocab() const { return hp_.n_vocab; }
 
-    session new_session(session_options o = {}) const { return session(hp_, o); }
+    // A sequence of up to o.ctx tokens in the state pool of its KV format (pages reserved now).
+    session new_session(session_options o = {}) {
+        if (o.ctx < 1) fail("session: ctx must be at least 1");
+        if (o.batch < 1) fail("session: batch must be at least 1");
+        const int p = o.kv_f16 ? 1 : 0;
+        return session(this, p, state_of(p).open(o.ctx), o);
+    }
+    // dst takes src's state (KV rows, GDN states, tokens): a checkpoint to return to.
+    void copy_state(session& dst, const session& src) {
+        if (dst.pool() != src.pool()) fail("copy_state: the sessions use different KV formats");
+        if (src.n_past() > dst.n_ctx()) fail("copy_state: ", src.n_past(), " tokens do not fit a session of ", dst.n_ctx());
+        state_of(dst.pool()).copy(dst.id(), src.id());
+        dst.mutable_tokens() = src.tokens();
+    }
+    // Exact equality of two sessions' live state (tests).
+    bool same_state(const session& a, const session& b) {
+        return a.pool() == b.pool() && a.tokens() == b.tokens() && state_of(a.pool()).same_state(a.id(), b.id());
+    }
+
+    // One pass over segments of many sessions. logits: [Σ logits rows, n_vocab], in request
+    // order. Everything is checked before any state is touched. exact: every row computed as it
+    // would be alone (batch.hpp).
+    void run(std::span<const pass_request> reqs, std::vector<float>& logits, bool exact = false) {
+        if (reqs.empty()) fail("run: no sequences in the pass");
+        const int p = reqs[0].s->pool();
+        batch bt;
+        bt.exact = exact;
+        for (const pass_request& r : reqs) {
+            session& s = *r.s;
+            if (!s.open()) fail("run: the session is closed");
+            if (s.pool() != p) fail("run: sessions with different KV formats cannot share a pass");
+            check_ids(r.ids);
+            const std::int64_t n = std::int64_t(r.ids.size());
+            if (n < 1) fail(pass_name(r.kind), " pass: no rows");
+            if (s.n_past() + n > s.n_ctx())
+                fail("context full: ", s.n_past(), " + ", n, " tokens exceed the context size ", s.n_ctx());
+            std::int64_t coreset = 0;
+            if (r.kind == pass_kind::preview) {
+                require_diffusion();
+                coreset = r.coreset < 0 ? hp_.diffusion_coreset : r.coreset;
+            }
+            bt.add(s.id(), r.kind, r.ids, s.n_past(), r.logits, coreset);
+        }
+        logits.resize(std::size_t(bt.n_logits() * hp_.n_vocab));
+        forward(state_of(p), bt, logits.data());
+        for (const pass_request& r : reqs)
+            if (r.kind != pass_kind::preview) {
+                auto& t = r.s->mutable_tokens();
+                t.insert(t.end(), r.ids.begin(), r.ids.end());
+            }
+    }
 
     // Commit pass over `ids` appended at s.n_past(). logits: [rows, n_vocab] for the chosen rows
     // (all: one row per id; last: one row). Bad ids or a full context throw before any state
     // is touched. Long inputs run in chunks of s.batch() rows.
-    void commit(session& s, std::span<const token> ids, logits_rows rows, std::vector<float>& logits) {
+    void commit(session& s, std::span<const token> ids, logits_rows rows, std::vector<float>& logits, bool exact = false) {
         const std::int64_t n = std::int64_t(ids.size());
         check_ids(ids);
-        if (s.n_past() + n > s.n_ctx())
-            fail("context full: ", s.n_past(), " + ", n, " tokens exceed the context size ", s.n_ctx());
+        if (s.n_past() + n > s.n_ctx()) fail("context full: ", s.n_past(), " + ", n, " tokens exceed the context size ", s.n_ctx());
         const std::int64_t V_ = hp_.n_vocab;
+        std::vector<float> part;
         logits.assign(rows == logits_rows::all ? std::size_t(n * V_) : rows == logits_rows::last && n > 0 ? std::size_t(V_) : 0, 0.f);
         for (std::int64_t c0 = 0; c0 < n; c0 += s.batch()) {
             const std::int64_t m = std::min(s.batch(), n - c0);
-            float* dst = nullptr;
-            std::int64_t first_row = 0;
-            if (rows == logits_rows::all) {
-                dst = logits.data() + c0 * V_;
-            } else if (rows == logits_rows::last && c0 + m == n) {
-                dst = logits.data();
-                first_row = m - 1;
-            }
-            run_rows(commit_pass{}, s, ids.data() + c0, m, dst, first_row);
+            const std::int64_t want = rows == logits_rows::all ? m : rows == logits_rows::last && c0 + m == n ? 1 : 0;
+            const pass_request r{&s, pass_kind::commit, ids.subspan(std::size_t(c0), std::size_t(m)), want};
+            run(std::span(&r, 1), part, exact);
+            if (want) std::copy(part.begin(), part.end(), logits.begin() + (rows == logits_rows::all ? c0 * V_ : 0));
         }
     }
 
@@ -103,112 +179,82 @@ public:
     // logits: [B, n_vocab], no shift: row i is the distribution of the token at position
     // n_past + i. The session is only read. coreset < 0: the file's default.
     void preview(const session& s, std::span<const token> block, std::int64_t coreset, std::vector<float>& logits) {
-        require_diffusion();
-        const std::int64_t B = std::int64_t(block.size());
-        if (B < 1) fail("preview: the block is empty");
-        check_ids(block);
-        if (coreset < 0) coreset = hp_.diffusion_coreset;
-        const dims<V> d = dim();
-        const std::int64_t E = d.n_embd();
-        workspace& ws = s.scratch();
-        float* h = workspace::get(ws.x, std::size_t(B * E));
-        float* u = workspace::get(ws.u, std::size_t(B * E));
-        float* y = workspace::get(ws.logits_rows, std::size_t(B * E));
-        embed(block.data(), B, h);
-        for (std::int64_t il = 0; il < d.n_layer(); ++il) {
-            const layer_weights& L = weights_.layers[il];
-            norm_rows(h, L.attn_norm, u, B);
-            if (L.recurrent)
-                layers::gated_deltanet<V, Backend>::forward(preview_pass{}, be_, d, L.gdn, s.gdn(il), u, y, B, ws);
-            else
-                layers::gated_attention<V, Backend>::forward(preview_pass{}, be_, d, L.attn, s.attn(il), s.n_past(), u, y, B, ws);
-            add_rows(h, y, B);
-            norm_rows(h, L.post_norm, u, B);
-            layers::sparse_moe<V, Backend>::forward(preview_pass{}, be_, d, L.moe, u, y, B, coreset, ws);
-            add_rows(h, y, B);
-        }
-        logits.resize(std::size_t(B * hp_.n_vocab));
-        norm_rows(h, weights_.output_norm, u, B);
-        be_.matmul(weights_.output, u, logits.data(), B);
+        if (block.empty()) fail("preview: the block is empty");
+        const pass_request r{const_cast<session*>(&s), pass_kind::preview, block, std::int64_t(block.size()), coreset};
+        run(std::span(&r, 1), logits);
     }
 
     // Verify pass: a causal pass over drafted rows that writes the session like a commit, with
-    // every row computed exactly as AR decoding would (row-by-row products and recurrence), and
-    // keeps what rollback() needs. logits: [n, n_vocab] (row i predicts position n_past+i+1).
+    // every row computed exactly as AR decoding would, and keeps what rollback() needs.
+    // logits: [n, n_vocab] (row i predicts position n_past+i+1).
     void verify(session& s, std::span<const token> ids, std::vector<float>& logits) {
-        const std::int64_t n = std::int64_t(ids.size());
-        check_ids(ids);
-        if (s.n_past() + n > s.n_ctx())
-            fail("context full: ", s.n_past(), " + ", n, " tokens exceed the context size ", s.n_ctx());
-        logits.resize(std::size_t(n * hp_.n_vocab));
-        typename Backend::exact_rows_scope exact(be_);
-        run_rows(verify_pass{}, s, ids.data(), n, logits.data(), 0);
-        verify_start_ = s.n_past() - n;
+        const pass_request r{&s, pass_kind::verify, ids, std::int64_t(ids.size())};
+        run(std::span(&r, 1), logits);
     }
     // Keeps the first `keep` rows of the last verify pass and forgets the rest.
     void rollback(session& s, std::int64_t keep) {
-        const std::int64_t n = s.n_past() - verify_start_;
-        if (keep < 0 || keep > n) fail("rollback: cannot keep ", keep, " of ", n, " verified rows");
         const dims<V> d = dim();
-        for (std::int64_t il = 0; il < d.n_layer(); ++il)
-            if (weights_.layers[il].recurrent) layers::gated_deltanet<V, Backend>::rollback(d, s.gdn(il), keep);
-        s.truncate_tokens(verify_start_ + keep);  // KV rows past n_past are dead
+        be_.rollback(state_of(s.pool()), s.id(), keep, gdn_layers_, gdn_layer::shape(d));
+        s.mutable_tokens().resize(std::size_t(state_of(s.pool()).n_past(s.id())));
     }
 
 private:
+    void close_sequence(int pool, seq_id id) noexcept override {
+        try {
+            state_of(pool).close(id);
+        } catch (...) {  // a closed or unknown id: nothing to free
+        }
+    }
+    typename Backend::state& state_of(int p) {
+        std::lock_guard lk(pools_mu_);
+        if (!pools_[std::size_t(p)]) {
+            backend::state_options o;
+            o.kv_f16 = p == 1;
+            pools_[std::size_t(p)].emplace(be_.make_state(spec_, o));
+        }
+        return *pools_[std::size_t(p)];
+    }
     void check_ids(std::span<const token> ids) const {
         for (std::size_t i = 0; i < ids.size(); ++i)
             if (ids[i] < 0 || ids[i] >= hp_.n_vocab)
                 fail("token id ", ids[i], " at position ", i, " is out of range [0, ", hp_.n_vocab, ")");
     }
-    void embed(const token* ids, std::int64_t m, float* h) const {
-        const std::int64_t E = hp_.n_embd;
-        for (std::int64_t t = 0; t < m; ++t)
-            quant::dequantize_row(weights_.tok_embd.type, weights_.tok_embd.row(ids[t]), h + t * E, E);
-    }
-    void norm_rows(const float* h, const weight& w, float* u, std::int64_t m) const {
-        const std::int64_t E = hp_.n_embd;
-        for (std::int64_t t = 0; t < m; ++t) math::rms_norm(h + t * E, w.f32(), u + t * E, E, hp_.rms_eps);
-    }
-    void add_rows(float* h, const float* y, std::int64_t m) const {
-        for (std::int64_t i = 0; i < m * hp_.n_embd; ++i) h[i] += y[i];
-    }
 
-    // Runs rows through all layers with a state-writing pass (commit or verify); writes logits
-    // of rows [first_row, m) to dst if given.
-    template <class Pass>
-    void run_rows(Pass pass, session& s, const token* ids, std::int64_t m, float* dst, std::int64_t first_row) {
+    // The pass: control flow from the batch's shape only; one read-back (logits) at the end.
+    void forward(typename Backend::state& st, const batch& bt, float* logits_out) {
+        using backend::buf;
+        using T = typename Backend::tensor;
         const dims<V> d = dim();
-        const std::int64_t E = d.n_embd();
-        workspace& ws = s.scratch();
-        float* h = workspace::get(ws.x, std::size_t(m * E));   // residual stream [m, E]
-        float* u = workspace::get(ws.u, std::size_t(m * E));   // normed input [m, E]
-        float* y = workspace::get(ws.logits_rows, std::size_t(m * E));  // sub-layer output [m, E]
-        embed(ids, m, h);
-        const std::int64_t pos0 = s.n_past();
+        const std::int64_t n = bt.rows(), E = d.n_embd();
+        const float eps = hp_.rms_eps;
+        typename Backend::context cx = be_.begin_pass();
+        T h = cx.get(buf::h, n, E);  // residual stream [n, E]
+        T u = cx.get(buf::u, n, E);  // normed input [n, E]
+        T y = cx.get(buf::y, n, E);  // sub-layer output [n, E]
+        be_.embed(cx, bt, weights_.tok_embd, h);
+        be_.rms_norm(cx, h, weights_.layers[0].attn_norm, u, eps);
         for (std::int64_t il = 0; il < d.n_layer(); ++il) {
-            const layer_weights& L = weights_.layers[il];
-            norm_rows(h, L.attn_norm, u, m);
-            if (L.recurrent)
-                layers::gated_deltanet<V, Backend>::forward(pass, be_, d, L.gdn, s.gdn(il), u, y, m, ws);
-            else
-                layers::gated_attention<V, Backend>::forward(pass, be_, d, L.attn, s.attn(il), pos0, u, y, m, ws);
-            add_rows(h, y, m);
-            norm_rows(h, L.post_norm, u, m);
-            layers::sparse_moe<V, Backend>::forward(pass, be_, d, L.moe, u, y, m, ws);
-            add_rows(h, y, m);
+            const layer_weights& L = weights_.layers[std::size_t(il)];
+            if (L.recurrent) gdn_layer::forward(be_, cx, st, bt, il, d, L.gdn, u, y);
+            else attention_layer::forward(be_, cx, st, bt, il, d, L.attn, u, y);
+            be_.add_rms_norm(cx, h, y, L.post_norm, u, eps);
+            moe_layer::forward(be_, cx, bt, d, L.moe, u, y);
+            const weight& next = il + 1 < d.n_layer() ? weights_.layers[std::size_t(il + 1)].attn_norm : weights_.output_norm;
+            be_.add_rms_norm(cx, h, y, next, u, eps);
         }
-        s.append_tokens(ids, m);
-        if (!dst) return;
-        const std::int64_t r = m - first_row;
-        norm_rows(h + first_row * E, weights_.output_norm, u, r);
-        be_.matmul(weights_.output, u, dst, r);
+        T logits = cx.get(buf::logits, bt.n_logits(), hp_.n_vocab);
+        be_.lm_head(cx, bt, weights_.output, u, logits);
+        be_.read_logits(cx, logits, logits_out);
+        be_.advance(st, bt);
     }
 
     hparams hp_;
     model_weights weights_;
     Backend be_;
-    std::int64_t verify_start_ = 0;
+    std::vector<backend::layer_state_spec> spec_;
+    std::vector<std::int64_t> gdn_layers_;
+    std::mutex pools_mu_;
+    std::array<std::optional<typename Backend::state>, 2> pools_;
 };
 
 }  // namespace clover

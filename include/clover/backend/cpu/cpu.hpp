@@ -1,24 +1,34 @@
 #pragma once
-// backend::cpu — the CPU policy. It owns the thread pool and the conversion scratch, and offers
-// the operations layers ask for. Layers are written against this interface; backend::cuda
-// (CLOVER_CUDA builds) offers the same names.
+// backend::cpu — the CPU policy: implements the backend concept (backend/concept.hpp) with host
+// buffers, the thread pool and the kernels of this folder. It owns the pool, the per-pass
+// scratch contexts (handed out one per concurrent pass) and creates state pools.
 //
 // Kernels are chosen at compile time (simd.hpp: AVX-512 with VNNI/BF16, AVX2, or scalar); the
 // constructor runs the one CPUID check that refuses a binary this CPU cannot run.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
 
-#include <Eigen/Core>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "clover/backend/cpu/matmul.hpp"
+#include "clover/backend/concept.hpp"
+#include "clover/backend/cpu/attention.hpp"
+#include "clover/backend/cpu/gdn.hpp"
+#include "clover/backend/cpu/gemm.hpp"
+#include "clover/backend/cpu/moe.hpp"
 #include "clover/backend/cpu/simd.hpp"
+#include "clover/backend/cpu/state.hpp"
 #include "clover/backend/cpu/thread_pool.hpp"
+#include "clover/core/math.hpp"
+#include "clover/quant/rows.hpp"
 #include "clover/tensor/weight.hpp"
 
 namespace clover::backend {
@@ -28,15 +38,14 @@ struct cpu_options {
     bool prefault = true;  // map_weights populates the page tables of the weight file at load
 };
 
-// One product of a multi-product call: y[n, w.rows] = x · wᵀ. Input rows default to the call's
-// shared input; a job may bring its own (x, n) and gather its rows (row i of the input is
-// x[rows[i]]), which is how an MoE pass feeds each expert the tokens routed to it.
+// One product of the host-pointer helper matmul_many (tests, kernel twins): y[n, w.rows] =
+// x · wᵀ; input rows default to the call's input; a job may bring its own (x, n) and gather.
 struct matmul_job {
     const weight* w;
     float* y;
-    const float* x = nullptr;             // nullptr: the call's input
-    std::int64_t n = -1;                  // -1: the call's n
-    const std::int32_t* rows = nullptr;   // nullptr: rows 0..n-1 of x
+    const float* x = nullptr;
+    std::int64_t n = -1;
+    const std::int32_t* rows = nullptr;
 };
 
 class cpu {
@@ -44,9 +53,58 @@ public:
     static constexpr const char* name = "CPU";
     using options = cpu_options;
 
+    struct tensor {
+        float* data = nullptr;
+        std::int64_t rows = 0, cols = 0;
+    };
+    struct route {
+        std::int32_t* ids = nullptr;
+        float* w = nullptr;
+        std::int64_t rows = 0, k = 0;
+    };
+    using state = cpu_detail::state_pool;
+
+    // Scratch of one pass: named buffers, product and MoE bookkeeping. Returned to the
+    // backend's free list when the pass ends, so steady-state decoding allocates nothing.
+    class context {
+    public:
+        struct data {
+            std::array<std::vector<float>, std::size_t(buf::count)> bufs;
+            std::vector<std::int32_t> ids, rows;
+            std::vector<float> wts;
+            cpu_detail::gemm_scratch gemm;
+            cpu_detail::moe_scratch moe;
+            std::vector<cpu_detail::gemm_job> jobs;
+        };
+        context(cpu* owner, std::unique_ptr<data> d) : owner_(owner), d_(std::move(d)) {}
+        context(context&&) = default;
+        context& operator=(context&&) = delete;
+        ~context() {
+            if (d_) owner_->release(std::move(d_));
+        }
+        tensor get(buf b, std::int64_t rows, std::int64_t cols) {
+            auto& v = d_->bufs[std::size_t(b)];
+            if (v.size() < std::size_t(rows * cols)) v.resize(std::size_t(rows * cols));
+            return {v.data(), rows, cols};
+        }
+        route get_route(std::int64_t rows, std::int64_t k) {
+            if (d_->ids.size() < std::size_t(rows * k)) {
+                d_->ids.resize(std::size_t(rows * k));
+                d_->wts.resize(std::size_t(rows * k));
+            }
+            return {d_->ids.data(), d_->wts.data(), rows, k};
+        }
+        data& scratch() { return *d_; }
+
+    private:
+        cpu* owner_;
+        std::unique_ptr<data> d_;
+    };
+
     explicit cpu(options o = {})
-        : opt_(o), pool_((cpu_detail::check_cpu(), o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())))),
-          prep_(std::size_t(pool_.size())) {}
+        : opt_(o), pool_((cpu_detail::check_cpu(), o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())))) {}
+    cpu(const cpu&) = delete;
+    cpu& operator=(const cpu&) = delete;
 
     int threads() const { return pool_.size(); }
     static const char* isa_name() { return cpu_detail::isa_name(); }
@@ -70,9 +128,107 @@ public:
 #endif
         ::madvise(start, len, MADV_WILLNEED);  // older kernels: at least read ahead
     }
-    // While alive, every matmul computes each row exactly as a one-row product would, so a
-    // verify pass over drafted rows reproduces AR decoding bit for bit (lossless speculation
-    // compares argmaxes, and a different summation order can flip a near tie).
+
+    // ---- memory ----
+    state make_state(std::span<const layer_state_spec> spec, const state_options& o) { return state(spec, o); }
+    context begin_pass() {
+        std::lock_guard lk(free_mu_);
+        if (free_.empty()) return context(this, std::make_unique<context::data>());
+        auto d = std::move(free_.back());
+        free_.pop_back();
+        return context(this, std::move(d));
+    }
+
+    // ---- sequences ----
+    void rollback(state& st, seq_id seq, std::int64_t keep, std::span<const std::int64_t> gdn_layers, const gdn_shape& g) {
+        std::int64_t& start = st.verify_start(seq);
+        const std::int64_t n = st.n_past(seq) - start;
+        if (start < 0 || keep < 0 || keep > n) fail("rollback: cannot keep ", keep, " of ", start < 0 ? 0 : n, " verified rows");
+        for (std::int64_t l : gdn_layers) cpu_detail::gdn_rollback(g, st.gdn(l, seq), keep);
+        st.truncate(seq, start + keep);  // KV rows past n_past are dead
+        start = -1;
+    }
+    // After a pass: commit and verify segments now hold their rows.
+    void advance(state& st, const batch& bt) {
+        for (const segment& s : bt.segments()) {
+            if (s.kind == pass_kind::preview) continue;
+            st.verify_start(s.seq) = s.kind == pass_kind::verify ? s.pos0 : -1;
+            st.set_n_past(s.seq, s.pos0 + s.n);
+        }
+    }
+
+    // ---- primitives (backend/concept.hpp says what each computes) ----
+    void embed(context&, const batch& bt, const weight& tok_embd, tensor h) {
+        const auto ids = bt.tokens();
+        pool_.parallel_for(bt.rows(), 64, [&](std::int64_t b, std::int64_t e) {
+            for (std::int64_t t = b; t < e; ++t)
+                quant::dequantize_row(tok_embd.type, tok_embd.row(ids[std::size_t(t)]), h.data + t * h.cols, h.cols);
+        });
+    }
+    void rms_norm(context&, tensor x, const weight& w, tensor out, float eps) {
+        pool_.parallel_for(x.rows, 16, [&](std::int64_t b, std::int64_t e) {
+            for (std::int64_t t = b; t < e; ++t) math::rms_norm(x.data + t * x.cols, w.f32(), out.data + t * x.cols, x.cols, eps);
+        });
+    }
+    void add_rms_norm(context&, tensor h, tensor y, const weight& w, tensor out, float eps) {
+        pool_.parallel_for(h.rows, 16, [&](std::int64_t b, std::int64_t e) {
+            for (std::int64_t t = b; t < e; ++t) {
+                float* hr = h.data + t * h.cols;
+                const float* yr = y.data + t * h.cols;
+                for (std::int64_t i = 0; i < h.cols; ++i) hr[i] += yr[i];
+                math::rms_norm(hr, w.f32(), out.data + t * h.cols, h.cols, eps);
+            }
+        });
+    }
+    void matmul(context& cx, const batch& bt, tensor x, std::span<const product_of<tensor>> prods) {
+        auto& jobs = cx.scratch().jobs;
+        jobs.clear();
+        for (const auto& p : prods) jobs.push_back({p.w, p.y.data, x.data, x.rows});
+        cpu_detail::run_gemm(pool_, cx.scratch().gemm, jobs, bt.row_exact());
+    }
+    void attn_prepare(context&, const batch& bt, state& st, std::int64_t layer, const attention_shape& a,
+                      const attention_norms& nw, tensor qg, tensor k, tensor v, tensor q, tensor gate) {
+        cpu_detail::attn_prepare(pool_, bt, st, layer, a, nw.q_norm->f32(), nw.k_norm->f32(), qg.data, k.data, v.data, q.data,
+                                 gate.data);
+    }
+    void attention(context&, const batch& bt, state& st, std::int64_t layer, const attention_shape& a, tensor q, tensor gate,
+                   tensor k, tensor v, tensor out) {
+        cpu_detail::attention(pool_, bt, st, layer, a, q.data, gate.data, k.data, v.data, out.data);
+    }
+    void gdn_conv(context&, const batch& bt, state& st, std::int64_t layer, const gdn_shape& g, const gdn_params& w, tensor m,
+                  tensor y) {
+        cpu_detail::gdn_conv(pool_, bt, st, layer, g, w, m.data, y.data);
+    }
+    void gdn_mix(context&, const batch& bt, state& st, std::int64_t layer, const gdn_shape& g, const gdn_params& w, tensor y,
+                 tensor beta, tensor alpha, tensor o) {
+        cpu_detail::gdn_mix(pool_, bt, st, layer, g, w, y.data, beta.data, alpha.data, o.data);
+    }
+    void gated_norm(context&, const gdn_shape& g, const weight& norm, tensor o, tensor z) {
+        cpu_detail::gated_norm(pool_, g, norm.f32(), o.data, z.data, o.rows);
+    }
+    void moe_route(context& cx, const batch& bt, const moe_shape& ms, const weight& router, tensor x, route r) {
+        tensor probs = cx.get(buf::router, x.rows, ms.n_expert);
+        matmul(cx, bt, x, std::span<const product_of<tensor>>(std::array{product_of<tensor>{&router, probs}}));
+        cpu_detail::moe_route(bt, ms, probs.data, r.ids, r.w);
+    }
+    void moe_ffn(context& cx, const batch& bt, const moe_shape& ms, const moe_params& mp, tensor x, route r, tensor out) {
+        cpu_detail::moe_ffn(pool_, cx.scratch().gemm, cx.scratch().moe, ms, mp, x.data, x.rows, r.ids, r.w, out.data, x.cols,
+                            bt.row_exact());
+    }
+    void lm_head(context& cx, const batch& bt, const weight& output, tensor x, tensor logits) {
+        auto& rows = cx.scratch().rows;
+        rows = bt.logits_rows();
+        if (rows.empty()) return;
+        const cpu_detail::gemm_job j{&output, logits.data, x.data, std::int64_t(rows.size()), rows.data()};
+        // A gathered job never takes the Eigen path; the quantized tiles are row-exact.
+        cpu_detail::run_gemm(pool_, cx.scratch().gemm, std::span(&j, 1), bt.row_exact());
+    }
+    void read_logits(context&, tensor logits, float* host) {
+        if (logits.rows > 0) std::memcpy(host, logits.data, std::size_t(logits.rows * logits.cols) * sizeof(float));
+    }
+
+    // ---- host-pointer helpers (kernel tests and twins; not part of the concept) ----
+    // While alive, matmul/matmul_many compute each row exactly as a one-row product would.
     class exact_rows_scope {
     public:
         explicit exact_rows_scope(cpu& be) : be_(be), old_(be.exact_rows_) { be.exact_rows_ = true; }
@@ -84,161 +240,38 @@ public:
         cpu& be_;
         bool old_;
     };
-
     template <class F>
     void parallel_for(std::int64_t n, std::int64_t grain, F&& fn) {
         pool_.parallel_for(n, grain, std::forward<F>(fn));
     }
-
-    // fn(begin, end, thread) over [0, n) in chunks taken dynamically by the pool's threads.
     template <class F>
     void run_chunks(std::int64_t n, std::int64_t chunk, F&& fn) {
         pool_.run_chunks(n, chunk, std::forward<F>(fn));
     }
-
-    // y[n, w.rows] = x[n, w.cols] · wᵀ, for one (non-stacked) weight matrix.
     void matmul(const weight& w, const float* x, float* y, std::int64_t n) {
         const matmul_job j{&w, y, x, n};
         matmul_many(std::span<const matmul_job>(&j, 1), x, n);
     }
-
-    // Several products in one parallel region: every distinct input is rounded/quantized once
-    // per activation format, and the rows of all weights form one pool of work (a decode step's
-    // q|k|v or gate|up, or all experts of an MoE pass, pay one wake-up instead of dozens).
     void matmul_many(std::span<const matmul_job> jobs, const float* x = nullptr, std::int64_t n = 0) {
-        if (jobs.empty()) return;
-        auto x_of = [&](const matmul_job& j) { return j.x ? j.x : x; };
-        auto n_of = [&](const matmul_job& j) { return j.n >= 0 ? j.n : n; };
-        // Dense f32 with several rows: Eigen's blocked GEMM, split over output features (not in
-        // exact-rows mode: its blocking changes the summation order with the row count).
-        if (jobs.size() == 1 && jobs[0].w->type == dtype::f32 && n_of(jobs[0]) > 1 && !jobs[0].rows && !exact_rows_) {
-            const weight& w = *jobs[0].w;
-            float* y = jobs[0].y;
-            const std::int64_t N = w.rows, m = n_of(jobs[0]), K = w.cols;
-            using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-            Eigen::Map<const RowMat> X(x_of(jobs[0]), m, K);
-            pool_.parallel_for(N, 16, [&](std::int64_t b, std::int64_t e) {
-                Eigen::Map<const RowMat> W(reinterpret_cast<const float*>(w.row(b)), e - b, K);
-                Eigen::Map<RowMat, 0, Eigen::OuterStride<>> Y(y + b, m, e - b, Eigen::OuterStride<>(N));
-                Y.noalias() = X * W.transpose();
-            });
-            return;
-        }
-        // Distinct inputs (x, rows, n, width, activation format), each prepared once.
-        using prep = cpu_detail::kernel_set::prep;
-        inputs_.clear();
-        job_input_.resize(jobs.size());
-        std::int64_t prep_rows = 0;
-        for (std::size_t i = 0; i < jobs.size(); ++i) {
-            const prep p = cpu_detail::kernels_for(jobs[i].w->type).act;
-            const float* xi = x_of(jobs[i]);
-            const std::int64_t ni = n_of(jobs[i]), K = jobs[i].w->cols;
-            std::size_t f = 0;
-            while (f < inputs_.size() && !(inputs_[f].p == p && inputs_[f].x == xi && inputs_[f].rows == jobs[i].rows &&
-                                           inputs_[f].n == ni && inputs_[f].K == K))
-                ++f;
-            if (f == inputs_.size()) {
-                inputs_.push_back({p, xi, jobs[i].rows, ni, K, cpu_detail::act_row_bytes(p, K), 0, {}});
-                prep_rows += ni;
-            }
-            job_input_[i] = f;
-        }
-        if (prep_rows == 0) return;
-        std::size_t bytes = 0;
-        for (auto& in : inputs_) {
-            in.offset = bytes;
-            bytes += in.stride * std::size_t(in.n);
-        }
-        std::byte* buf = acts_.get(bytes);
-        for (auto& in : inputs_) in.view = {buf + in.offset, in.stride, in.n};
-        // Preparation: one region over all rows of all inputs (serial when there are few).
-        prep_index_.clear();
-        for (std::size_t f = 0; f < inputs_.size(); ++f)
-            for (std::int64_t r = 0; r < inputs_[f].n; ++r) prep_index_.push_back({f, r});
-        auto prep_rows_fn = [&](std::int64_t b, std::int64_t e, int t) {
-            for (std::int64_t k = b; k < e; ++k) {
-                const auto [f, r] = prep_index_[std::size_t(k)];
-                const auto& in = inputs_[f];
-                const float* src = in.x + (in.rows ? std::int64_t(in.rows[r]) : r) * in.K;
-                cpu_detail::prepare_row(in.p, src, const_cast<std::byte*>(in.view.row(r)), in.K, prep_[std::size_t(t)]);
-            }
-        };
-        if (prep_rows < 16) prep_rows_fn(0, prep_rows, 0);
-        else pool_.run_chunks(prep_rows, 8, prep_rows_fn);
-        // Work items: (job, row chunk, token chunk). Decode: ~8 chunks per thread, rows a
-        // multiple of 4; prefill: 32 rows × 64 tokens (the weight chunk stays in L2 while the
-        // token tiles stream through L1).
-        bool decode = true;
-        std::int64_t total_rows = 0;
-        for (std::size_t i = 0; i < jobs.size(); ++i) {
-            decode = decode && n_of(jobs[i]) <= 1;
-            total_rows += jobs[i].w->rows;
-        }
-        const std::int64_t tchunk = decode ? 1 : 64;
-        const std::int64_t rchunk = decode ? std::clamp<std::int64_t>((total_rows / (8 * threads()) + 3) / 4 * 4, 4, 512) : 32;
-        items_.clear();
-        for (std::size_t i = 0; i < jobs.size(); ++i) {
-            const std::int64_t ni = n_of(jobs[i]);
-            for (std::int64_t r = 0; r < jobs[i].w->rows; r += rchunk)
-                for (std::int64_t t = 0; t < ni; t += tchunk)
-                    items_.push_back({i, r, std::min(jobs[i].w->rows, r + rchunk), t, std::min(ni, t + tchunk)});
-        }
-        const item_storage* its = items_.data();
-        pool_.run_chunks(std::int64_t(items_.size()), 1, [&](std::int64_t b, std::int64_t e, int) {
-            for (std::int64_t k = b; k < e; ++k) {
-                const item_storage& it = its[k];
-                const weight& w = *jobs[it.job].w;
-                cpu_detail::gemm_block(cpu_detail::kernels_for(w.type), w, it.r0, it.r1, inputs_[job_input_[it.job]].view,
-                                       it.t0, it.t1, jobs[it.job].y, w.rows);
-            }
-        });
+        std::vector<cpu_detail::gemm_job> g;
+        for (const auto& j : jobs) g.push_back({j.w, j.y, j.x ? j.x : x, j.n >= 0 ? j.n : n, j.rows});
+        std::lock_guard lk(helper_mu_);
+        cpu_detail::run_gemm(pool_, helper_scratch_, g, exact_rows_);
     }
-
-    // Reference twin of matmul: dequantize-free plain loops over quant::vec_dot_ref.
-    static void matmul_ref(const weight& w, const float* x, float* y, std::int64_t n) {
-        const dtype at = quant::activation_type(w.type);
-        const std::size_t xrow = quant::row_bytes(at, w.cols);
-        std::vector<std::byte> xq(xrow);
-        for (std::int64_t t = 0; t < n; ++t) {
-            quant::quantize_row(at, x + t * w.cols, xq.data(), w.cols);
-            for (std::int64_t o = 0; o < w.rows; ++o)
-                y[t * w.rows + o] = quant::vec_dot_ref(w.type, w.row(o), xq.data(), w.cols);
-        }
-    }
+    static void matmul_ref(const weight& w, const float* x, float* y, std::int64_t n) { cpu_detail::gemm_ref(w, x, y, n); }
 
 private:
-    struct item_storage { std::size_t job; std::int64_t r0, r1, t0, t1; };
+    void release(std::unique_ptr<context::data> d) {
+        std::lock_guard lk(free_mu_);
+        free_.push_back(std::move(d));
+    }
+
     options opt_;
-    struct input_storage {
-        cpu_detail::kernel_set::prep p;
-        const float* x;
-        const std::int32_t* rows;
-        std::int64_t n, K;
-        std::size_t stride, offset;
-        cpu_detail::act_view view;
-    };
     cpu_detail::thread_pool pool_;
-    std::vector<cpu_detail::prep_scratch> prep_;  // per thread
-    cpu_detail::aligned_buffer acts_;             // prepared inputs of one call
-    std::vector<input_storage> inputs_;
-    std::vector<std::size_t> job_input_;
-    std::vector<std::pair<std::size_t, std::int64_t>> prep_index_;
-    std::vector<item_storage> items_;
+    std::mutex free_mu_, helper_mu_;
+    std::vector<std::unique_ptr<context::data>> free_;
+    cpu_detail::gemm_scratch helper_scratch_;
     bool exact_rows_ = false;
 };
-
-// Runs several products of one input: one multi-product call on backends that have it
-// (backend::cpu), one matmul per job elsewhere. Layers call this so they stay backend-generic.
-template <class Backend>
-void matmul_all(Backend& be, std::span<const matmul_job> jobs, const float* x, std::int64_t n) {
-    if constexpr (requires { be.matmul_many(jobs, x, n); }) {
-        be.matmul_many(jobs, x, n);
-    } else {
-        for (const auto& j : jobs) {
-            if (j.rows) fail("matmul_all: this backend cannot gather rows");
-            be.matmul(*j.w, j.x ? j.x : x, j.y, j.n >= 0 ? j.n : n);
-        }
-    }
-}
 
 }  // namespace clover::backend

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -72,6 +73,9 @@ public:
             fn(0, n, 0);
             return;
         }
+        // One region at a time: two passes driven from two threads (one model, two sets of
+        // sequences) take turns region by region instead of corrupting the job fields.
+        std::lock_guard region(region_mu_);
         auto body = [&](std::int64_t b, std::int64_t e, int t) { fn(b, e, t); };
         chunk_fn f(body);
         job_ = &f;
@@ -169,6 +173,7 @@ private:
 
     int n_;
     int spin_us_ = 50;
+    std::mutex region_mu_;
     std::vector<std::thread> workers_;
     alignas(64) std::atomic<std::uint64_t> ticket_{0};
     alignas(64) std::atomic<std::int64_t> next_{0};

@@ -3,15 +3,15 @@
 // API work with `model<V, backend::cuda>`. Only nvcc translation units may include this header
 // (it pulls in the .cuh kernels); CPU-only builds never see it.
 //
-// What this first step is (README "CUDA backend"): it offers the interface layers already call
-// — matmul on host pointers, parallel_for, exact_rows_scope, options — and runs every matmul on
-// the GPU: weights are uploaded once (cached by their address in the mapped file), activations
-// are copied in and results out per call. Norms, attention, the GDN recurrence and routing still
-// run on the host thread pool. That is correct and testable against backend::cpu, and slow (one
-// synchronisation per product). The device kernels for the rest of a pass (norm, rope, fused GDN
-// step, chunked GDN, attention over the KV cache, CUB routing, expert-grouped products, block
-// softmax) are in the .cuh files beside this one with tests against their CPU twins; wiring them
-// into device-resident passes captured in CUDA graphs is the next step.
+// What this step is (README "CUDA backend"): a temporary adapter onto the backend concept
+// (backend/concept.hpp) until the CUDA issue makes every primitive a kernel on device-resident
+// state. The state pool, scratch and every primitive but the dense products are backend::cpu's
+// (host memory, host thread pool); the `matmul` primitive runs on the GPU: weights are uploaded
+// once (cached by their address in the mapped file), activations are copied in and results out
+// per call. That is correct and testable against backend::cpu, and slow (one synchronisation per
+// product). The device kernels for the rest of a pass (norm, rope, fused GDN step, chunked GDN,
+// attention, CUB routing, expert-grouped products, block softmax) are in the .cuh files beside
+// this one with tests against their CPU twins.
 #if !defined(__CUDACC__)
 #error "clover/backend/cuda/cuda.hpp must be compiled by nvcc (a .cu file, CLOVER_CUDA=ON); use backend::cpu otherwise"
 #endif
@@ -77,6 +77,54 @@ public:
     void parallel_for(std::int64_t n, std::int64_t grain, F&& fn) {
         cpu_.parallel_for(n, grain, std::forward<F>(fn));
     }
+
+    // ---- the backend concept: backend::cpu's state and primitives, products on the GPU ----
+    using tensor = cpu::tensor;
+    using route = cpu::route;
+    using state = cpu::state;
+    using context = cpu::context;
+    void map_weights(std::span<const std::byte> f) { cpu_.map_weights(f); }
+    state make_state(std::span<const layer_state_spec> spec, const state_options& o) { return cpu_.make_state(spec, o); }
+    context begin_pass() { return cpu_.begin_pass(); }
+    void rollback(state& st, seq_id seq, std::int64_t keep, std::span<const std::int64_t> layers, const gdn_shape& g) {
+        cpu_.rollback(st, seq, keep, layers, g);
+    }
+    void advance(state& st, const batch& bt) { cpu_.advance(st, bt); }
+    void embed(context& cx, const batch& bt, const weight& w, tensor h) { cpu_.embed(cx, bt, w, h); }
+    void rms_norm(context& cx, tensor x, const weight& w, tensor out, float eps) { cpu_.rms_norm(cx, x, w, out, eps); }
+    void add_rms_norm(context& cx, tensor h, tensor y, const weight& w, tensor out, float eps) {
+        cpu_.add_rms_norm(cx, h, y, w, out, eps);
+    }
+    // Row-exact whatever the batch: the device product is one warp per output element with a
+    // fixed reduction tree (matmul.cuh).
+    void matmul(context&, const batch&, tensor x, std::span<const product_of<tensor>> prods) {
+        for (const auto& p : prods) matmul(*p.w, x.data, p.y.data, x.rows);
+    }
+    void attn_prepare(context& cx, const batch& bt, state& st, std::int64_t layer, const attention_shape& a,
+                      const attention_norms& n, tensor qg, tensor k, tensor v, tensor q, tensor gate) {
+        cpu_.attn_prepare(cx, bt, st, layer, a, n, qg, k, v, q, gate);
+    }
+    void attention(context& cx, const batch& bt, state& st, std::int64_t layer, const attention_shape& a, tensor q,
+                   tensor gate, tensor k, tensor v, tensor out) {
+        cpu_.attention(cx, bt, st, layer, a, q, gate, k, v, out);
+    }
+    void gdn_conv(context& cx, const batch& bt, state& st, std::int64_t layer, const gdn_shape& g, const gdn_params& w,
+                  tensor m, tensor y) {
+        cpu_.gdn_conv(cx, bt, st, layer, g, w, m, y);
+    }
+    void gdn_mix(context& cx, const batch& bt, state& st, std::int64_t layer, const gdn_shape& g, const gdn_params& w,
+                 tensor y, tensor beta, tensor alpha, tensor o) {
+        cpu_.gdn_mix(cx, bt, st, layer, g, w, y, beta, alpha, o);
+    }
+    void gated_norm(context& cx, const gdn_shape& g, const weight& w, tensor o, tensor z) { cpu_.gated_norm(cx, g, w, o, z); }
+    void moe_route(context& cx, const batch& bt, const moe_shape& ms, const weight& router, tensor x, route r) {
+        cpu_.moe_route(cx, bt, ms, router, x, r);
+    }
+    void moe_ffn(context& cx, const batch& bt, const moe_shape& ms, const moe_params& mp, tensor x, route r, tensor out) {
+        cpu_.moe_ffn(cx, bt, ms, mp, x, r, out);
+    }
+    void lm_head(context& cx, const batch& bt, const weight& w, tensor x, tensor logits) { cpu_.lm_head(cx, bt, w, x, logits); }
+    void read_logits(context& cx, tensor logits, float* host) { cpu_.read_logits(cx, logits, host); }
 
     // y[n, w.rows] = x[n, w.cols] · wᵀ; x and y are host pointers.
     void matmul(const weight& w, const float* x, float* y, std::int64_t n) {

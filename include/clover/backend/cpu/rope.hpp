@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace clover::layers {
+namespace clover::backend::cpu_detail {
 
 struct rope_params {
     std::int64_t n_rot = 0;  // rotated dims (pairs (i, i + n_rot/2))
@@ -48,4 +48,4 @@ inline void rope_apply(float* x, std::int64_t n_rot, const float* cs) {
     }
 }
 
-}  // namespace clover::layers
+}  // namespace clover::backend::cpu_detail

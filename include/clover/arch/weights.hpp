@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "clover/io/gguf.hpp"
-#include "clover/model/hparams.hpp"
+#include "clover/arch/hparams.hpp"
 #include "clover/tensor/weight.hpp"
 
 namespace clover {

@@ -12,7 +12,7 @@
 
 #include "clover/backend/cpu/vec_ops.hpp"
 
-namespace clover::layers {
+namespace clover::backend::cpu_detail {
 
 struct gdn_head_io {
     const float* q; const float* k; const float* v; const float* g; const float* beta;
@@ -141,4 +141,4 @@ inline void gdn_chunked(float* S, const gdn_head_io& io, std::int64_t n, std::in
     }
 }
 
-}  // namespace clover::layers
+}  // namespace clover::backend::cpu_detail

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "clover/core/error.hpp"
-#include "clover/model/hparams.hpp"
+#include "clover/arch/hparams.hpp"
 
 namespace clover {
 

@@ -1,0 +1,141 @@
+#pragma once
+// The CPU backend's gated-attention primitives (architecture.md §2.2, clover-diffusion.md §3)
+// over the paged KV cache of backend/cpu/state.hpp.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "clover/backend/concept.hpp"
+#include "clover/backend/cpu/rope.hpp"
+#include "clover/backend/cpu/state.hpp"
+#include "clover/backend/cpu/thread_pool.hpp"
+#include "clover/backend/cpu/vec_ops.hpp"
+#include "clover/core/batch.hpp"
+#include "clover/core/math.hpp"
+#include "clover/quant/half.hpp"
+
+namespace clover::backend::cpu_detail {
+
+// q/k RMSNorm per head, rope at each row's position, gate split off; K/V of commit and verify
+// rows appended to the sequence's pages. qg [n, H*2*hd]; k, v [n, Hkv*hd] (normed and roped in
+// place); q, gate [n, H*hd].
+inline void attn_prepare(thread_pool& pool, const batch& bt, state_pool& st, std::int64_t layer, const attention_shape& a,
+                         const float* q_norm, const float* k_norm, const float* qg, float* k, const float* v, float* q,
+                         float* gate) {
+    const std::int64_t H = a.n_head, Hkv = a.n_head_kv, hd = a.head_dim, kvw = Hkv * hd;
+    const rope_params rp{a.n_rot, a.rope_theta, {a.rope_sections[0], a.rope_sections[1], a.rope_sections[2], a.rope_sections[3]}};
+    const auto segs = bt.segments();
+    pool.parallel_for(bt.rows(), 8, [&](std::int64_t r0, std::int64_t r1) {
+        std::vector<float> cs(std::size_t(rp.n_rot));
+        std::size_t si = 0;
+        for (std::int64_t r = r0; r < r1; ++r) {
+            while (r >= segs[si].row0 + segs[si].n) ++si;
+            const segment& s = segs[si];
+            const std::int64_t pos = s.pos0 + (r - s.row0);
+            rope_cache(rp, pos, cs.data());
+            for (std::int64_t h = 0; h < H; ++h) {
+                const float* src = qg + (r * H + h) * 2 * hd;
+                float* qh = q + (r * H + h) * hd;
+                math::rms_norm(src, q_norm, qh, hd, a.rms_eps);
+                rope_apply(qh, rp.n_rot, cs.data());
+                std::memcpy(gate + (r * H + h) * hd, src + hd, std::size_t(hd) * 4);
+            }
+            for (std::int64_t h = 0; h < Hkv; ++h) {
+                float* kh = k + (r * Hkv + h) * hd;
+                math::rms_norm(kh, k_norm, kh, hd, a.rms_eps);
+                rope_apply(kh, rp.n_rot, cs.data());
+            }
+            if (s.kind == pass_kind::preview) continue;
+            void* kd = st.kv(layer, s.seq, pos, 0);
+            void* vd = st.kv(layer, s.seq, pos, 1);
+            if (st.kv_f16()) {
+                auto* k16 = static_cast<quant::f16_bits*>(kd);
+                auto* v16 = static_cast<quant::f16_bits*>(vd);
+                for (std::int64_t i = 0; i < kvw; ++i) {
+                    k16[i] = quant::f32_to_f16(k[r * kvw + i]);
+                    v16[i] = quant::f32_to_f16(v[r * kvw + i]);
+                }
+            } else {
+                std::memcpy(kd, k + r * kvw, std::size_t(kvw) * 4);
+                std::memcpy(vd, v + r * kvw, std::size_t(kvw) * 4);
+            }
+        }
+    });
+}
+
+// A run of key/value rows with a common stride, F32 or F16 bits.
+struct kv_run {
+    const void* k;
+    const void* v;
+    std::int64_t stride, n;
+    bool f16;
+};
+
+// One query head over the keys of several runs, in one softmax: out[hd]. The runs are taken in
+// order, so a row's sum runs over positions 0..p in order whatever the page layout: a row
+// computed in a batch equals the row computed alone.
+inline void attend_runs(const float* qh, const std::vector<kv_run>& runs, std::int64_t hd, float scale, float* out,
+                        std::vector<float>& p) {
+    std::int64_t n = 0;
+    for (const kv_run& r : runs) n += r.n;
+    p.resize(std::size_t(n));
+    std::int64_t j0 = 0;
+    for (const kv_run& r : runs) {
+        for (std::int64_t j = 0; j < r.n; ++j)
+            p[std::size_t(j0 + j)] =
+                (r.f16 ? dot_f32_f16(qh, static_cast<const quant::f16_bits*>(r.k) + j * r.stride, hd)
+                       : dot_f32(qh, static_cast<const float*>(r.k) + j * r.stride, hd)) *
+                scale;
+        j0 += r.n;
+    }
+    math::softmax(p.data(), n);
+    for (std::int64_t i = 0; i < hd; ++i) out[i] = 0.f;
+    j0 = 0;
+    for (const kv_run& r : runs) {
+        for (std::int64_t j = 0; j < r.n; ++j) {
+            const float pj = p[std::size_t(j0 + j)];
+            if (r.f16) axpy_f16(pj, static_cast<const quant::f16_bits*>(r.v) + j * r.stride, out, hd);
+            else axpy(pj, static_cast<const float*>(r.v) + j * r.stride, out, hd);
+        }
+        j0 += r.n;
+    }
+}
+
+// out[n, H*hd] = attention ⊙ sigmoid(gate). Commit/verify rows: causal over the cache [0, pos].
+// Preview rows: the cache [0, pos0) and every row of the block (k, v fresh, F32).
+inline void attention(thread_pool& pool, const batch& bt, const state_pool& st, std::int64_t layer,
+                      const attention_shape& a, const float* q, const float* gate, const float* k, const float* v,
+                      float* out) {
+    const std::int64_t H = a.n_head, Hkv = a.n_head_kv, hd = a.head_dim, kvw = Hkv * hd, group = H / Hkv;
+    const auto segs = bt.segments();
+    const bool f16 = st.kv_f16();
+    pool.parallel_for(bt.rows() * H, 4, [&](std::int64_t b, std::int64_t e) {
+        std::vector<float> p;
+        std::vector<kv_run> runs;
+        std::size_t si = 0;
+        for (std::int64_t th = b; th < e; ++th) {
+            const std::int64_t r = th / H, kvh = (th % H) / group;
+            while (r >= segs[si].row0 + segs[si].n) ++si;
+            const segment& s = segs[si];
+            const bool preview = s.kind == pass_kind::preview;
+            const std::int64_t cached = preview ? s.pos0 : s.pos0 + (r - s.row0) + 1;
+            runs.clear();
+            const std::size_t eb = f16 ? 2 : 4;
+            for (std::int64_t p0 = 0; p0 < cached;) {
+                const std::int64_t len = std::min(st.run_from(p0), cached - p0);
+                const auto* kb = static_cast<const std::byte*>(st.kv(layer, s.seq, p0, 0)) + std::size_t(kvh * hd) * eb;
+                const auto* vb = static_cast<const std::byte*>(st.kv(layer, s.seq, p0, 1)) + std::size_t(kvh * hd) * eb;
+                runs.push_back({kb, vb, kvw, len, f16});
+                p0 += len;
+            }
+            if (preview) runs.push_back({k + s.row0 * kvw + kvh * hd, v + s.row0 * kvw + kvh * hd, kvw, s.n, false});
+            float* o = out + th * hd;
+            attend_runs(q + th * hd, runs, hd, a.scale, o, p);
+            const float* g = gate + th * hd;
+            for (std::int64_t i = 0; i < hd; ++i) o[i] *= math::sigmoid(g[i]);
+        }
+    });
+}
+
+}  // namespace clover::backend::cpu_detail

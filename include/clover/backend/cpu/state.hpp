@@ -1,0 +1,232 @@
+#pragma once
+// The CPU backend's state pool: every sequence's KV rows in pages of P tokens (F16 or F32),
+// its GDN states and conv rings, and the record of its last verify segment. A sequence is a
+// page table plus one GDN slot per recurrent layer; the model and decoders hold only its id.
+// Pages are reserved when the sequence opens (its capacity), against the pool's token budget,
+// so a pass can never run out of memory half way: that is an error at open(), before anything
+// is written.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "clover/backend/concept.hpp"
+#include "clover/core/error.hpp"
+#include "clover/quant/half.hpp"
+
+namespace clover::backend::cpu_detail {
+
+// What a verify segment keeps per GDN layer so the decoder can roll back to any prefix of the
+// verified rows by replaying the recurrence (clover-diffusion.md §4), without re-reading weights.
+struct gdn_record {
+    std::vector<float> S0, ring0;  // state and conv ring at the segment start
+    std::vector<float> m;          // [n, C] pre-conv rows
+    std::vector<float> y;          // [n, C] post-conv rows: q̃ (scaled), k̂, v
+    std::vector<float> g, beta;    // [n, Hv]
+    std::int64_t n = 0;
+};
+
+struct gdn_slot {
+    std::vector<float> S;     // [Hv][dk][dv]  (row = key index, column = value index)
+    std::vector<float> ring;  // [K-1][C]: the last K-1 pre-conv inputs, oldest first
+    gdn_record rec;
+};
+
+class state_pool {
+public:
+    state_pool(std::span<const layer_state_spec> spec, const state_options& o) : opt_(o), spec_(spec.begin(), spec.end()) {
+        if (o.page < 1) fail("state pool: page size must be at least 1");
+        if (o.token_budget < 0) fail("state pool: token budget must not be negative");
+        slot_of_.resize(spec_.size());
+        for (std::size_t l = 0; l < spec_.size(); ++l) {
+            if (spec_[l].k == layer_state_spec::kind::attention) {
+                slot_of_[l] = std::int32_t(kv_layers_.size());
+                kv_layers_.push_back(std::int32_t(l));
+            } else {
+                slot_of_[l] = std::int32_t(gdn_layers_.size());
+                gdn_layers_.push_back(std::int32_t(l));
+            }
+        }
+        max_pages_ = o.token_budget > 0 ? (o.token_budget + o.page - 1) / o.page : -1;
+        // Never reallocated (a pass reads chunks while another thread opens a sequence).
+        chunks_.reserve(std::size_t(kMaxChunks));
+    }
+    state_pool(state_pool&&) = default;
+
+    std::int64_t page_size() const { return opt_.page; }
+    bool kv_f16() const { return opt_.kv_f16; }
+    const state_options& options() const { return opt_; }
+    std::int64_t pages_used() const {
+        std::lock_guard lk(*mu_);
+        return n_pages_ - std::int64_t(free_pages_.size());
+    }
+    std::int64_t pages_free() const {
+        std::lock_guard lk(*mu_);
+        return max_pages_ < 0 ? -1 : max_pages_ - (n_pages_ - std::int64_t(free_pages_.size()));
+    }
+
+    // ---- sequences ----
+    seq_id open(std::int64_t capacity) {
+        if (capacity < 1) fail("state pool: a sequence must hold at least one token");
+        const std::int64_t need = (capacity + opt_.page - 1) / opt_.page;
+        std::lock_guard lk(*mu_);
+        const std::int64_t in_use = n_pages_ - std::int64_t(free_pages_.size());
+        if (!kv_layers_.empty() && max_pages_ >= 0 && in_use + need > max_pages_)
+            fail("state pool: out of KV memory: a sequence of ", capacity, " tokens needs ", need, " pages of ", opt_.page,
+                 " tokens, ", max_pages_ - in_use, " of ", max_pages_, " are free (raise the token budget)");
+        seq_id id = -1;
+        for (std::size_t i = 0; i < seqs_.size(); ++i)
+            if (!seqs_[i]) { id = seq_id(i); break; }
+        if (id < 0) {
+            id = seq_id(seqs_.size());
+            seqs_.emplace_back();
+        }
+        auto s = std::make_unique<sequence>();
+        s->cap = capacity;
+        if (!kv_layers_.empty())
+            for (std::int64_t p = 0; p < need; ++p) s->pages.push_back(take_page());
+        s->gdn.resize(gdn_layers_.size());
+        for (std::size_t g = 0; g < gdn_layers_.size(); ++g) {
+            const auto& sp = spec_[std::size_t(gdn_layers_[g])];
+            s->gdn[g].S.assign(std::size_t(sp.gdn_heads * sp.gdn_dk * sp.gdn_dv), 0.f);
+            s->gdn[g].ring.assign(std::size_t(sp.conv_rows * sp.conv_channels), 0.f);
+        }
+        seqs_[std::size_t(id)] = std::move(s);
+        return id;
+    }
+    void close(seq_id id) {
+        std::lock_guard lk(*mu_);
+        sequence& s = get_locked(id);
+        for (std::int32_t p : s.pages) free_pages_.push_back(p);
+        seqs_[std::size_t(id)].reset();
+    }
+    std::int64_t n_past(seq_id id) const { return get(id).n_past; }
+    std::int64_t capacity(seq_id id) const { return get(id).cap; }
+    // Called by the backend after a pass wrote rows [n_past, n) of the sequence.
+    void set_n_past(seq_id id, std::int64_t n) {
+        sequence& s = get(id);
+        if (n < 0 || n > s.cap) fail("state pool: position ", n, " outside the sequence's capacity ", s.cap);
+        s.n_past = n;
+    }
+    void truncate(seq_id id, std::int64_t n) {
+        sequence& s = get(id);
+        if (n < 0 || n > s.n_past) fail("state pool: cannot truncate a sequence of ", s.n_past, " tokens to ", n);
+        s.n_past = n;
+    }
+    // dst <- src: KV rows [0, n_past), GDN states and rings, n_past. dst must hold src's tokens.
+    void copy(seq_id dst, seq_id src) {
+        if (dst == src) return;
+        sequence& d = get(dst);
+        const sequence& s = get(src);
+        if (s.n_past > d.cap) fail("state pool: cannot copy ", s.n_past, " tokens into a sequence of capacity ", d.cap);
+        for (std::size_t a = 0; a < kv_layers_.size(); ++a)
+            for (std::int64_t p0 = 0; p0 < s.n_past; p0 += opt_.page) {
+                const std::int64_t rows = std::min(opt_.page, s.n_past - p0);
+                const std::size_t bytes = std::size_t(rows * row_elems(a)) * elem_bytes();
+                std::memcpy(kv_row(a, d, p0, 0), kv_row(a, s, p0, 0), bytes);
+                std::memcpy(kv_row(a, d, p0, 1), kv_row(a, s, p0, 1), bytes);
+            }
+        for (std::size_t g = 0; g < gdn_layers_.size(); ++g) {
+            d.gdn[g].S = s.gdn[g].S;
+            d.gdn[g].ring = s.gdn[g].ring;
+        }
+        d.n_past = s.n_past;
+    }
+    // Exact equality of two sequences' live state (tests: a preview pass leaves it untouched).
+    bool same_state(seq_id a_id, seq_id b_id) const {
+        const sequence& a = get(a_id);
+        const sequence& b = get(b_id);
+        if (a.n_past != b.n_past) return false;
+        for (std::size_t l = 0; l < kv_layers_.size(); ++l)
+            for (std::int64_t p = 0; p < a.n_past; ++p)
+                for (int kv = 0; kv < 2; ++kv)
+                    if (std::memcmp(kv_row(l, a, p, kv), kv_row(l, b, p, kv), std::size_t(row_elems(l)) * elem_bytes()) != 0)
+                        return false;
+        for (std::size_t g = 0; g < gdn_layers_.size(); ++g)
+            if (a.gdn[g].S != b.gdn[g].S || a.gdn[g].ring != b.gdn[g].ring) return false;
+        return true;
+    }
+
+    // ---- what primitives read and write ----
+    std::int32_t slot(std::int64_t layer) const { return slot_of_[std::size_t(layer)]; }
+    gdn_slot& gdn(std::int64_t layer, seq_id id) { return get(id).gdn[std::size_t(slot(layer))]; }
+    // K (kv = 0) or V (kv = 1) row of position `pos` of attention layer `layer`: F32 or F16 bits.
+    void* kv(std::int64_t layer, seq_id id, std::int64_t pos, int which) {
+        return kv_row(std::size_t(slot(layer)), get(id), pos, which);
+    }
+    const void* kv(std::int64_t layer, seq_id id, std::int64_t pos, int which) const {
+        return kv_row(std::size_t(slot(layer)), get(id), pos, which);
+    }
+    // Rows [pos, pos + run) are contiguous in one page; run = rows left in pos's page.
+    std::int64_t run_from(std::int64_t pos) const { return opt_.page - pos % opt_.page; }
+    std::int64_t kv_width(std::int64_t layer) const { return spec_[std::size_t(layer)].kv_width; }
+
+    // The verify segment of a sequence: where it started (-1: none since the last rollback).
+    std::int64_t& verify_start(seq_id id) { return get(id).verify_start; }
+
+private:
+    struct sequence {
+        std::int64_t cap = 0, n_past = 0, verify_start = -1;
+        std::vector<std::int32_t> pages;
+        std::vector<gdn_slot> gdn;
+    };
+    struct page_chunk {  // kChunk pages of every attention layer, K and V
+        std::vector<std::unique_ptr<std::byte[]>> k, v;
+    };
+    static constexpr std::int64_t kChunk = 16, kMaxChunks = 1 << 16;  // 2^20 pages
+
+    std::size_t elem_bytes() const { return opt_.kv_f16 ? 2 : 4; }
+    std::int64_t row_elems(std::size_t a) const { return spec_[std::size_t(kv_layers_[a])].kv_width; }
+
+    sequence& get(seq_id id) {
+        std::lock_guard lk(*mu_);
+        return get_locked(id);
+    }
+    const sequence& get(seq_id id) const { return const_cast<state_pool*>(this)->get(id); }
+    sequence& get_locked(seq_id id) {
+        if (id < 0 || std::size_t(id) >= seqs_.size() || !seqs_[std::size_t(id)])
+            fail("state pool: sequence ", id, " is not open");
+        return *seqs_[std::size_t(id)];
+    }
+    std::int32_t take_page() {
+        if (!free_pages_.empty()) {
+            const std::int32_t p = free_pages_.back();
+            free_pages_.pop_back();
+            return p;
+        }
+        if (n_pages_ % kChunk == 0) {
+            if (std::int64_t(chunks_.size()) >= kMaxChunks) fail("state pool: more than ", kMaxChunks * kChunk, " KV pages");
+            auto c = std::make_unique<page_chunk>();
+            const std::size_t rows = std::size_t(kChunk * opt_.page);
+            for (std::int32_t l : kv_layers_) {
+                const std::size_t bytes = rows * std::size_t(spec_[std::size_t(l)].kv_width) * elem_bytes();
+                c->k.emplace_back(new std::byte[bytes]());
+                c->v.emplace_back(new std::byte[bytes]());
+            }
+            chunks_.push_back(std::move(c));
+        }
+        return std::int32_t(n_pages_++);
+    }
+    void* kv_row(std::size_t a, const sequence& s, std::int64_t pos, int which) const {
+        if (pos < 0 || pos >= s.cap) fail("state pool: KV position ", pos, " outside the sequence's capacity ", s.cap);
+        const std::int64_t page = s.pages[std::size_t(pos / opt_.page)];
+        const page_chunk& c = *chunks_[std::size_t(page / kChunk)];
+        const std::int64_t row = (page % kChunk) * opt_.page + pos % opt_.page;
+        std::byte* base = (which ? c.v : c.k)[a].get();
+        return base + std::size_t(row * row_elems(a)) * elem_bytes();
+    }
+
+    state_options opt_;
+    std::vector<layer_state_spec> spec_;
+    std::vector<std::int32_t> slot_of_, kv_layers_, gdn_layers_;
+    std::vector<std::unique_ptr<sequence>> seqs_;
+    std::vector<std::unique_ptr<page_chunk>> chunks_;
+    std::vector<std::int32_t> free_pages_;
+    std::int64_t n_pages_ = 0, max_pages_ = -1;
+    std::unique_ptr<std::mutex> mu_ = std::make_unique<std::mutex>();
+};
+
+}  // namespace clover::backend::cpu_detail
