@@ -114,7 +114,7 @@ CUDA_TEST_CASE("clover_moe on CUDA: preview equals CPU; verify rows equal single
         g.commit(tg, one, logits_rows::last, tmp);
         CHECK(std::memcmp(tmp.data(), vl.data() + i * g.n_vocab(), tmp.size() * 4) == 0);
     }
-    CHECK(sg.same_state(tg));
+    CHECK(g.same_state(sg, tg));
 }
 
 CUDA_TEST_CASE("--n-cpu-moe: experts of the first layers computed on the host give the same logits") {

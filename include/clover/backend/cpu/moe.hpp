@@ -74,7 +74,7 @@ inline void moe_route(const batch& bt, const moe_shape& ms, float* probs, std::i
 }
 
 struct moe_scratch {
-    std::vector<std::int32_t> cnt, start, tok, pos_of, order;
+    std::vector<std::int32_t> cnt, start, tok, pos_of;
     std::vector<float> gu, h, ys, gus, hs, yss;
     std::vector<gemm_job> jobs;
     std::vector<weight> mats;  // stable storage for the per-expert views
@@ -91,7 +91,20 @@ inline void moe_ffn(thread_pool& pool, gemm_scratch& gs, moe_scratch& sc, const 
     const std::int64_t X = sh.n_expert, F = sh.n_ff, k = sh.n_expert_used;
     const std::int64_t Fs = w.gate_shexp && *w.gate_shexp ? sh.n_ff_shared : 0;
     const std::int64_t S = n * k;
-    auto& [cnt, start, tok, pos_of, order, gu, h, ys, gus, hs, yss, jobs, mats] = sc;
+    // Plain references, not a structured binding: clang before 16 cannot capture bindings in
+    // the lambdas below.
+    auto& cnt = sc.cnt;
+    auto& start = sc.start;
+    auto& tok = sc.tok;
+    auto& pos_of = sc.pos_of;
+    auto& gu = sc.gu;
+    auto& h = sc.h;
+    auto& ys = sc.ys;
+    auto& gus = sc.gus;
+    auto& hs = sc.hs;
+    auto& yss = sc.yss;
+    auto& jobs = sc.jobs;
+    auto& mats = sc.mats;
     cnt.assign(std::size_t(X + 1), 0);
     for (std::int64_t i = 0; i < S; ++i) ++cnt[std::size_t(ids[i] + 1)];
     start.assign(std::size_t(X + 1), 0);
@@ -183,7 +196,6 @@ inline void moe_ffn(thread_pool& pool, gemm_scratch& gs, moe_scratch& sc, const 
             }
         }
     });
-    (void)order;
 }
 
 }  // namespace clover::backend::cpu_detail
