@@ -8,17 +8,19 @@
 struct until_unsure {
     static constexpr const char* name = "until-unsure";
     float min_p = 0.5f;
+    // Per sequence: given the logits of its last pass, decide and name the next pass.
     template <class Model>
-    void run(clover::decode::context<Model>& c) const {
-        for (;;) {
-            const auto choice = c.smp.pick(c.logits.data(), c.n_vocab(), c.out.hist);
-            if (choice.p < min_p) { c.st.stop_reason = "unsure"; return; }
-            if (!c.emit(choice.id) || c.room() < 1) return;
-            const clover::token one[1] = {choice.id};
-            c.m.commit(c.s, one, clover::logits_rows::last, c.logits);
-            ++c.st.commit_passes;
+    struct stepper {
+        float min_p;  // the enclosing type is incomplete here: keep what the steps need
+        explicit stepper(const auto& p) : min_p(p.min_p) {}
+        bool step(clover::decode::context<Model>& c, const float* logits, clover::decode::step_request& next) {
+            const auto choice = c.smp.pick(logits, c.n_vocab(), c.out.hist);
+            if (choice.p < min_p) { c.st.stop_reason = "unsure"; return false; }
+            if (!c.emit(choice.id) || c.room() < 1) return false;
+            next = {clover::pass_kind::commit, {choice.id}, 1, -1};  // one row, its logits
+            return true;
         }
-    }
+    };
 };
 
 int main(int argc, char** argv) try {

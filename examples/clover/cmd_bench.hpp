@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <clover/core/rng.hpp>
 
+#include "clover/backend/trace.hpp"
 #include "common.hpp"
 
 namespace clover::cli {
@@ -72,15 +73,58 @@ inline std::string type_summary(const io::gguf_file& f) {
     return s;
 }
 
+// One pass of each kind through backend::trace<cpu>, N sequences each: a prefill chunk of 32
+// rows, a decode row, a 32-row preview block (coreset from the file), an 8-row verify segment.
+// One JSON line per pass kind (execution.md §3: the figures the trace tests hold).
+inline void trace_passes(const std::string& path, int threads, std::int64_t N) {
+    using traced = model<variants::from_file, backend::trace<backend::cpu>>;
+    traced m(open_weights(path), backend::cpu_options{threads}, &warn);
+    const std::int64_t V = m.n_vocab(), L = m.hp().n_layer;
+    rng r(7);
+    auto ids = [&](std::int64_t n) {
+        std::vector<token> v(static_cast<std::size_t>(n));
+        for (auto& t : v) t = token(r.next() % std::uint64_t(V));
+        return v;
+    };
+    std::vector<session> ss;
+    for (std::int64_t i = 0; i < N; ++i) ss.push_back(m.new_session({.ctx = 128}));
+    std::vector<float> logits;
+    auto one_pass = [&](const char* name, pass_kind kind, std::int64_t rows) {
+        std::vector<std::vector<token>> data;
+        std::vector<pass_request> reqs;
+        for (std::int64_t i = 0; i < N; ++i) {
+            data.push_back(ids(rows));
+            if (kind == pass_kind::preview && m.hp().mask_token_id >= 0)
+                for (std::size_t k = 1; k < data.back().size(); ++k) data.back()[k] = token(m.hp().mask_token_id);
+        }
+        for (std::int64_t i = 0; i < N; ++i)
+            reqs.push_back({&ss[std::size_t(i)], kind, data[std::size_t(i)], kind == pass_kind::commit && rows > 1 ? 1 : rows});
+        m.backend().clear();
+        m.run(reqs, logits);
+        const auto calls = m.backend().calls();
+        std::int64_t in_layers = 0;
+        for (const auto& c : calls) in_layers += c.layer >= 0;
+        std::printf("{\"pass\":\"%s\",\"sequences\":%lld,\"rows\":%lld,\"layers\":%lld,\"primitives\":%zu,"
+                    "\"primitives_per_layer\":%.3f,\"passes\":%lld,\"readbacks\":%lld}\n",
+                    name, (long long)N, (long long)(rows * N), (long long)L, calls.size(), double(in_layers) / double(L),
+                    (long long)m.backend().passes(), (long long)m.backend().readbacks());
+    };
+    one_pass("prefill", pass_kind::commit, 32);
+    one_pass("decode", pass_kind::commit, 1);
+    if (m.diffusion_unavailable().empty()) one_pass("preview", pass_kind::preview, 32);
+    else std::fprintf(stderr, "trace: no preview pass: %s\n", m.diffusion_unavailable().c_str());
+    one_pass("verify", pass_kind::verify, 8);
+}
+
 }  // namespace bench_detail
 
 inline void add_bench_commands(CLI::App& app) {
     auto* c = app.add_subcommand("bench", "llama-bench-style prompt (pp) and generation (tg) throughput");
     struct opts {
         std::string model, decoder = "ar", kv = "f16";
-        long long n_prompt = 512, n_gen = 128, reps = 5;
+        long long n_prompt = 512, n_gen = 128, reps = 5, parallel = 1, par_prompt = 32;
         int threads = 0;
-        bool json = false;
+        bool json = false, trace = false;
     };
     auto o = std::make_shared<opts>();
     c->add_option("-m,--model", o->model, "GGUF model file")->required();
@@ -92,7 +136,17 @@ inline void add_bench_commands(CLI::App& app) {
     c->add_option("--ctk,--cache-type-k", o->kv, "KV cache type: f16 (llama-bench's default) or f32")
         ->check(CLI::IsMember({"f16", "f32"}));
     c->add_flag("--json", o->json, "one JSON object per test instead of the table");
+    c->add_option("--parallel", o->parallel,
+                  "sequences decoding together in the tg test (tg<n>x<N>: each after a prompt of --parallel-prompt tokens, "
+                  "n steps of N rows; aggregate t/s)")
+        ->check(CLI::Range(1LL, 4096LL));
+    c->add_option("--parallel-prompt", o->par_prompt, "prompt tokens of each sequence of a --parallel tg test")
+        ->check(CLI::Range(1LL, 1LL << 20));
+    c->add_flag("--trace", o->trace,
+                "run one pass of each kind (prefill chunk, decode, preview, verify; --parallel N sequences) through the "
+                "trace backend and print one JSON line per pass kind: primitives and read-backs");
     c->callback([o] {
+        if (o->trace) return bench_detail::trace_passes(o->model, o->threads, o->parallel);
         if (o->decoder != "ar") fail("bench: --decoder ", o->decoder, " is not available in this build yet (use ar)");
         using bench_detail::now_s;
         const double t0 = now_s();
@@ -122,7 +176,27 @@ inline void add_bench_commands(CLI::App& app) {
             m->commit(s, ids, logits_rows::last, logits);
             return double(n) / (now_s() - a);
         };
+        const std::int64_t N = o->parallel;
+        auto run_tg_parallel = [&](std::int64_t n) {
+            std::vector<session> ss;
+            std::vector<std::vector<token>> rows;
+            for (std::int64_t i = 0; i < N; ++i) {
+                ss.push_back(m->new_session({.ctx = o->par_prompt + n + 1, .kv_f16 = kv16}));
+                m->commit(ss.back(), random_ids(o->par_prompt), logits_rows::last, logits);
+                rows.push_back(random_ids(n));
+            }
+            std::vector<pass_request> reqs(static_cast<std::size_t>(N));
+            const double a = now_s();
+            for (std::int64_t step = 0; step < n; ++step) {
+                for (std::int64_t i = 0; i < N; ++i)
+                    reqs[std::size_t(i)] = {&ss[std::size_t(i)], pass_kind::commit,
+                                            std::span<const token>(&rows[std::size_t(i)][std::size_t(step)], 1), 1};
+                m->run(reqs, logits);
+            }
+            return double(n * N) / (now_s() - a);
+        };
         auto run_tg = [&](std::int64_t n) {
+            if (N > 1) return run_tg_parallel(n);
             auto s = m->new_session({.ctx = ctx, .kv_f16 = kv16});
             auto ids = random_ids(n);
             const double a = now_s();
@@ -131,13 +205,16 @@ inline void add_bench_commands(CLI::App& app) {
         };
         std::vector<bench_detail::result> res;
         if (o->n_prompt > 0) res.push_back({"pp" + std::to_string(o->n_prompt), o->n_prompt, 0, {}});
-        if (o->n_gen > 0) res.push_back({"tg" + std::to_string(o->n_gen), 0, o->n_gen, {}});
+        if (o->n_gen > 0)
+            res.push_back({"tg" + std::to_string(o->n_gen) + (N > 1 ? "x" + std::to_string(N) : ""), 0, o->n_gen, {}});
         const std::string desc = m->hp().arch + " " + std::to_string(m->hp().n_layer) + "L " + bench_detail::type_summary(f);
         const int threads = m->backend().threads();
         if (!o->json) {
             std::printf("| %-28s | %9s | %7s | %-10s | %7s | %8s | %16s |\n", "model", "size", "params", "backend", "threads",
                         "test", "t/s");
             std::printf("| ---------------------------- | --------- | ------- | ---------- | ------- | -------- | ---------------- |\n");
+            if (N > 1) std::printf("(tg%lldx%lld: %lld sequences decoding together after %lld-token prompts; aggregate t/s)\n",
+                                   o->n_gen, (long long)N, (long long)N, o->par_prompt);
         }
         for (auto& t : res) {
             if (t.n_prompt > 0) run_pp(t.n_prompt);  // warmup
@@ -154,10 +231,11 @@ inline void add_bench_commands(CLI::App& app) {
                 std::printf("{\"engine\":\"clover\",\"model\":\"%s\",\"size_gib\":%.3f,\"params_b\":%.3f,\"backend\":\"%s\","
                             "\"isa\":\"%s\",\"threads\":%d,\"type_kv\":\"%s\",\"decoder\":\"%s\",\"test\":\"%s\",\"n_prompt\":%lld,\"n_gen\":%lld,"
                             "\"avg_ts\":%.4f,\"stddev_ts\":%.4f,\"samples_ts\":[%s],\"tokens_per_pass\":%.4g,\"load_s\":%.3f,"
-                            "\"gen_bytes_per_token\":%.0f}\n",
+                            "\"gen_bytes_per_token\":%.0f,\"parallel\":%lld}\n",
                             desc.c_str(), double(bytes) / (1024.0 * 1024 * 1024), double(params) / 1e9, backend::cpu::name,
                             backend::cpu::isa_name(), threads, o->kv.c_str(), o->decoder.c_str(), t.test.c_str(), (long long)t.n_prompt,
-                            (long long)t.n_gen, t.avg(), t.sd(), samples.c_str(), tpp, load_s, gen_bytes);
+                            (long long)t.n_gen, t.avg(), t.sd(), samples.c_str(), tpp, load_s, gen_bytes,
+                            t.n_gen > 0 ? (long long)N : 1LL);
             } else {
                 std::printf("| %-28.28s | %5.2f GiB | %5.2f B | %-10s | %7d | %8s | %8.2f ± %5.2f |\n", desc.c_str(),
                             double(bytes) / (1024.0 * 1024 * 1024), double(params) / 1e9,

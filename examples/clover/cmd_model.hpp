@@ -1,6 +1,8 @@
 #pragma once
 // `clover logits` and `clover generate` (cli.md).
+#include <chrono>
 #include <cstdio>
+#include <variant>
 #include <string>
 #include <vector>
 
@@ -9,6 +11,62 @@
 #include "common.hpp"
 
 namespace clover::cli {
+
+// `clover generate --ids-file F --parallel N`: every line of F a prompt; stats JSON per
+// sequence on stderr (in input order), then one aggregate line.
+template <class Opts>
+void generate_parallel(const Opts& o) {
+    if (o.ids_file.empty() || !o.ids.empty()) fail("generate: --parallel takes the prompts from --ids-file (one per line)");
+    std::vector<std::vector<token>> prompts;
+    {
+        const std::string text = read_file(o.ids_file);
+        std::size_t a = 0, line = 0;
+        while (a <= text.size()) {
+            std::size_t b = text.find('\n', a);
+            if (b == std::string::npos) b = text.size();
+            ++line;
+            const std::string l = text.substr(a, b - a);
+            if (l.find_first_not_of(" \t\r") != std::string::npos) {
+                auto ids = parse_ids(l, o.ids_file + " line " + std::to_string(line));
+                if (ids.empty()) fail(o.ids_file, " line ", line, ": no token ids");
+                prompts.push_back(std::move(ids));
+            }
+            a = b + 1;
+        }
+    }
+    if (prompts.empty()) fail(o.ids_file, ": no prompts (one line of ids per sequence)");
+    auto m = open_model(o.model, o.threads);
+    decode::generate_options g;
+    g.max_tokens = o.n;
+    g.ignore_eos = o.ignore_eos;
+    if (auto eos = m->weights().file->get_int("tokenizer.ggml.eos_token_id")) g.eog.push_back(token(*eos));
+    if (!o.greedy) g.sampling = {o.temp, o.top_k, o.top_p, o.min_p, o.seed};
+    using any_decoder = std::variant<decode::ar, decode::low_confidence, decode::self_speculative>;
+    any_decoder dec = decode::ar{};
+    if (o.decoder == "diffusion") dec = decode::low_confidence{o.block, o.threshold, o.coreset_set ? o.coreset : -1};
+    if (o.decoder == "speculative") dec = decode::self_speculative{o.block, 1, o.threshold, o.coreset_set ? o.coreset : -1};
+    std::vector<std::vector<token>> out(prompts.size());
+    std::vector<decode::sequence_job<any_decoder>> jobs(prompts.size());
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+        jobs[i].prompt = prompts[i];
+        jobs[i].session_ctx = o.ctx > 0 ? o.ctx : 0;
+        jobs[i].o = &g;
+        jobs[i].dec = dec;
+        jobs[i].on_token = [&out, i](token t) { out[i].push_back(t); return true; };
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    decode::generate_many(*m, std::span(jobs), o.parallel);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::int64_t total = 0;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+        std::printf("%s\n", join_ids(out[i]).c_str());
+        total += std::int64_t(out[i].size());
+    }
+    std::fflush(stdout);
+    for (const auto& j : jobs) std::fprintf(stderr, "%s\n", j.stats.json().c_str());
+    std::fprintf(stderr, "{\"sequences\": %zu, \"parallel\": %lld, \"tokens\": %lld, \"seconds\": %.6g, \"tokens_per_second\": %.6g}\n",
+                 prompts.size(), o.parallel, (long long)total, secs, secs > 0 ? double(total) / secs : 0.0);
+}
 
 inline void add_model_commands(CLI::App& app) {
     {
@@ -62,6 +120,7 @@ inline void add_model_commands(CLI::App& app) {
             float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, threshold = 0.95f;
             int top_k = 40;
             unsigned long long seed = 0;
+            long long parallel = 0;
         };
         auto o = std::make_shared<opts>();
         c->add_option("-m,--model", o->model, "GGUF model file")->required();
@@ -83,7 +142,12 @@ inline void add_model_commands(CLI::App& app) {
         c->add_option("--seed", o->seed, "sampling seed");
         c->add_option("-c,--ctx-size", o->ctx, "context size (0: prompt + n)")->check(CLI::Range(0LL, 1LL << 31));
         c->add_option("-t,--threads", o->threads, "threads (0: all)");
+        c->add_option("--parallel", o->parallel,
+                      "each line of --ids-file is one sequence; up to N decode together (one batched pass per step); "
+                      "one line of ids per sequence on stdout, in input order")
+            ->check(CLI::Range(1LL, 4096LL));
         c->callback([o] {
+            if (o->parallel > 0) return generate_parallel(*o);
             if (o->ids.empty() == o->ids_file.empty()) fail("generate: give exactly one of --ids or --ids-file");
             std::vector<token> ids = o->ids.empty() ? parse_ids(read_file(o->ids_file), o->ids_file) : parse_ids(o->ids, "--ids");
             if (ids.empty()) fail("generate: no token ids given");

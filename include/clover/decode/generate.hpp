@@ -7,11 +7,19 @@
 //                            against the causal choice, a replay rollback keeps the accepted rows
 // All three share the sampler (penalties, ramps, temperature, top-k/p, min-p, seed) and the stop
 // rules (end-of-generation ids, stop strings, max tokens), which live in detail::emitter.
+//
+// A decoder is a step machine per sequence (its `stepper`): given the logits of its last pass it
+// decides tokens and names its next pass (a commit, preview or verify segment). One loop,
+// generate_many, runs any number of sequences together — each with its own decoder, sampler and
+// stop rules — as one batched pass per step (model::run); generate is the loop over one.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
+#include <variant>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -24,11 +32,12 @@ namespace clover::decode {
 
 template <class Model>
 struct context;
+struct step_request;
 
 struct ar {
     static constexpr const char* name = "ar";
     template <class Model>
-    void run(context<Model>& c) const;
+    struct stepper;
 };
 struct low_confidence {
     static constexpr const char* name = "diffusion";
@@ -37,7 +46,7 @@ struct low_confidence {
     float threshold = 0.95f;
     std::int64_t coreset = -1;  // -1: the file's default (diffusion.expert_coreset)
     template <class Model>
-    void run(context<Model>& c) const;
+    struct stepper;
 };
 struct self_speculative {
     static constexpr const char* name = "speculative";
@@ -47,16 +56,19 @@ struct self_speculative {
     float threshold = 0.95f;  // used by draft passes before the last
     std::int64_t coreset = -1;
     template <class Model>
-    void run(context<Model>& c) const;
+    struct stepper;
 };
 
-// A decoder policy: a type with a `name` and `run(context&)` that drives passes after the
-// prompt and hands every decided token to context::emit (examples/custom_decoder.cpp); one that
-// sets `uses_preview = true` is refused up front on files that cannot run preview passes.
+// A decoder policy: a type with a `name` and a `stepper<Model>` built from the policy, whose
+// step(context&, logits, next) takes the logits of the sequence's last pass (first: the causal
+// distribution after the prompt, [n_vocab]; then [next.logits, n_vocab] of the pass it asked
+// for), hands decided tokens to context::emit, and either fills `next` and returns true or
+// returns false when the sequence is done (examples/custom_decoder.cpp). A policy that sets
+// `uses_preview = true` is refused up front on files that cannot run preview passes.
 template <class D, class Model>
-concept decoder_policy_for = requires(const D d, context<Model>& c) {
+concept decoder_policy_for = requires(const D d, context<Model>& c, const float* lg, step_request& r) {
     { D::name } -> std::convertible_to<const char*>;
-    d.run(c);
+    { typename D::template stepper<Model>(d).step(c, lg, r) } -> std::same_as<bool>;
 };
 
 struct generate_options {
@@ -124,8 +136,16 @@ struct emitter {
 
 }  // namespace detail
 
-// What a decoder works with: the model and session (the prompt already committed), the
-// sampler, the stop rules (emit), the statistics, and the logits of the last committed row.
+// The pass a sequence asks for next.
+struct step_request {
+    pass_kind kind = pass_kind::commit;
+    std::vector<token> rows;
+    std::int64_t logits = 0;    // how many of the last rows give logits
+    std::int64_t coreset = -1;  // preview: -1 = the file's default
+};
+
+// What a decoder works with for one sequence: the model and session (the prompt committed), the
+// sampler, the stop rules (emit) and the statistics.
 template <class Model>
 struct context {
     Model& m;
@@ -134,75 +154,43 @@ struct context {
     sampler& smp;
     detail::emitter& out;
     generate_stats& st;
-    std::vector<float>& logits;  // [n_vocab]: the causal distribution of position s.n_past()
     std::int64_t room() const { return s.n_ctx() - s.n_past(); }
     std::int64_t n_vocab() const { return m.n_vocab(); }
     // False: generation ends with this token.
     bool emit(token t) { return out.emit(t); }
 };
 
-// on_token(id) is called for every generated token; returning false stops generation.
-template <class Decoder, class Model>
-    requires decoder_policy_for<Decoder, Model>
-generate_stats generate(Model& m, session& s, std::span<const token> prompt, const generate_options& o,
-                        const std::function<bool(token)>& on_token, Decoder dec = {}) {
-    using clk = std::chrono::steady_clock;
-    generate_stats st;
-    if (prompt.empty()) fail("generate: the prompt is empty");
-    if (o.max_tokens < 1) fail("generate: max_tokens must be at least 1");
-    if constexpr (requires { Decoder::uses_preview; }) {
-        if (Decoder::uses_preview) m.require_diffusion();
-    }
-    sampler smp(o.sampling);
-    detail::emitter out(o, on_token, st);
-    std::vector<float> logits;
-    auto t0 = clk::now();
-    m.commit(s, prompt, logits_rows::last, logits);
-    st.prompt_tokens = std::int64_t(prompt.size());
-    st.commit_passes = 1;
-    auto t1 = clk::now();
-    st.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
-    context<Model> c{m, s, o, smp, out, st, logits};
-    dec.run(c);
-    st.seconds = std::chrono::duration<double>(clk::now() - t1).count();
-    return st;
-}
-
 template <class Model>
-void ar::run(context<Model>& c) const {
-    auto& [m, s, o, smp, out, st, logits] = c;
-    const std::int64_t V = c.n_vocab();
-    auto room = [&] { return c.room(); };
-    for (;;) {
-        const token t = smp.pick(logits.data(), V, out.hist).id;
-        if (!out.emit(t)) break;
-        if (room() < 1) { st.stop_reason = "context"; break; }
-        const token one[1] = {t};
-        m.commit(s, one, logits_rows::last, logits);
-        ++st.commit_passes;
+struct ar::stepper {
+    explicit stepper(const ar&) {}
+    bool step(context<Model>& c, const float* lg, step_request& next) {
+        const token t = c.smp.pick(lg, c.n_vocab(), c.out.hist).id;
+        if (!c.emit(t)) return false;
+        if (c.room() < 1) { c.st.stop_reason = "context"; return false; }
+        next = {pass_kind::commit, {t}, 1, -1};
+        return true;
     }
-}
+};
 
+// Block diffusion: preview passes fill a block of masks (every masked row at or above the
+// threshold, else the most confident one), then one commit pass of the finished block.
 template <class Model>
-void low_confidence::run(context<Model>& c) const {
-    auto& [m, s, o, smp, out, st, logits] = c;
-    const std::int64_t V = c.n_vocab();
-    auto room = [&] { return c.room(); };
-    const token mask = token(m.hp().mask_token_id);
-    if (block < 1) fail("diffusion: block must be at least 1");
-    std::vector<float> lg;
-    for (bool going = true; going;) {
-        const std::int64_t B = std::min({block, o.max_tokens - st.tokens, room()});
-        if (B < 1) { st.stop_reason = room() < 1 ? "context" : "length"; break; }
-        std::vector<token> rows(std::size_t(B), mask);
-        std::vector<bool> known(std::size_t(B), false);
-        history h = out.hist;  // penalties see tokens decided earlier in this block too
-        std::int64_t end = B;  // rows up to the first end-of-generation token
-        for (;;) {
-            m.preview(s, rows, coreset, lg);
-            ++st.preview_passes;
-            // Pick every masked row; commit those at or above the threshold, else the most
-            // confident one.
+struct low_confidence::stepper {
+    low_confidence d;
+    enum class phase { start, preview, commit } ph = phase::start;
+    std::vector<token> rows;
+    std::vector<bool> known;
+    std::int64_t end = 0;
+    bool going = true;
+    history h;
+    explicit stepper(const low_confidence& p) : d(p) {
+        if (d.block < 1) fail("diffusion: block must be at least 1");
+    }
+    bool step(context<Model>& c, const float* lg, step_request& next) {
+        auto& [m, s, o, smp, out, st] = c;
+        const std::int64_t V = c.n_vocab();
+        const token mask = token(m.hp().mask_token_id);
+        if (ph == phase::preview) {
             // A NaN confidence (NaN logits: a broken file) counts as -1, so some masked row is
             // always chosen and the block always ends.
             std::int64_t best = -1;
@@ -210,80 +198,289 @@ void low_confidence::run(context<Model>& c) const {
             token best_id = mask;
             std::vector<std::pair<std::int64_t, token>> take;
             for (std::int64_t t = 0; t < end; ++t) {
-                if (known[t]) continue;
-                const choice c = smp.pick(lg.data() + t * V, V, h, mask);
-                const float p = std::isnan(c.p) ? -1.f : c.p;
-                if (p >= threshold) take.emplace_back(t, c.id);
-                if (p > best_p) { best_p = p; best = t; best_id = c.id; }
+                if (known[std::size_t(t)]) continue;
+                const choice ch = smp.pick(lg + t * V, V, h, mask);
+                const float p = std::isnan(ch.p) ? -1.f : ch.p;
+                if (p >= d.threshold) take.emplace_back(t, ch.id);
+                if (p > best_p) { best_p = p; best = t; best_id = ch.id; }
             }
             if (take.empty()) take.emplace_back(best, best_id);
             for (auto [t, id] : take) {
-                rows[t] = id;
-                known[t] = true;
+                rows[std::size_t(t)] = id;
+                known[std::size_t(t)] = true;
                 h.add(id, o.sampling);
             }
             for (std::int64_t t = 0; t < end; ++t)
-                if (known[t] && out.is_eog(rows[t])) { end = t + 1; break; }
-            if (std::all_of(known.begin(), known.begin() + end, [](bool k) { return k; })) break;
+                if (known[std::size_t(t)] && out.is_eog(rows[std::size_t(t)])) { end = t + 1; break; }
+            if (!std::all_of(known.begin(), known.begin() + end, [](bool k) { return k; })) {
+                next = {pass_kind::preview, rows, std::int64_t(rows.size()), d.coreset};
+                return true;
+            }
+            std::int64_t keep = end;
+            for (std::int64_t t = 0; t < end; ++t)
+                if (!out.emit(rows[std::size_t(t)])) { keep = t + 1; going = false; break; }
+            next = {pass_kind::commit, std::vector<token>(rows.begin(), rows.begin() + keep), 0, -1};
+            ph = phase::commit;
+            return true;
         }
-        std::int64_t keep = end;
-        for (std::int64_t t = 0; t < end; ++t)
-            if (!out.emit(rows[t])) { keep = t + 1; going = false; break; }
-        m.commit(s, std::span<const token>(rows.data(), std::size_t(keep)), logits_rows::none, logits);
-        ++st.commit_passes;
+        if (ph == phase::commit && !going) return false;
+        // A new block.
+        const std::int64_t B = std::min({d.block, o.max_tokens - st.tokens, c.room()});
+        if (B < 1) { st.stop_reason = c.room() < 1 ? "context" : "length"; return false; }
+        rows.assign(std::size_t(B), mask);
+        known.assign(std::size_t(B), false);
+        h = out.hist;  // penalties see tokens decided earlier in this block too
+        end = B;
+        ph = phase::preview;
+        next = {pass_kind::preview, rows, B, d.coreset};
+        return true;
     }
-}
+};
 
+// Lossless self-speculation: preview passes draft a block after the known AR token, one verify
+// pass checks every drafted row against the causal choice, a replay rollback keeps the
+// accepted rows.
 template <class Model>
-void self_speculative::run(context<Model>& c) const {
-    auto& [m, s, o, smp, out, st, logits] = c;
-    const std::int64_t V = c.n_vocab();
-    auto room = [&] { return c.room(); };
-    if (block < 2) fail("speculative: block must be at least 2");
-    const token mask = token(m.hp().mask_token_id);
-    std::vector<float> lg, vl;
-    token next = smp.pick(logits.data(), V, out.hist).id;  // the AR token for position n_past
-    bool going = out.emit(next);
-    while (going) {
+struct self_speculative::stepper {
+    self_speculative d;
+    enum class phase { start, draft, verify } ph = phase::start;
+    std::vector<token> rows;
+    token next_tok = 0;
+    std::int64_t pass = 0;
+    explicit stepper(const self_speculative& p) : d(p) {
+        if (d.block < 2) fail("speculative: block must be at least 2");
+    }
+    bool draft(context<Model>& c, step_request& next) {
         // Row 0 is the token already emitted, so at most max_tokens - tokens more can follow:
         // a block larger than that drafts and verifies rows that can never be used.
-        const std::int64_t B = std::min({block, room(), o.max_tokens - st.tokens + 1});
-        if (room() < 1) { st.stop_reason = "context"; break; }
-        // Draft: row 0 is the known AR token; the rest start masked.
-        std::vector<token> rows(std::size_t(B), mask);
-        rows[0] = next;
-        for (std::int64_t pass = 0; pass < std::max<std::int64_t>(1, draft_passes); ++pass) {
-            m.preview(s, rows, coreset, lg);
-            ++st.preview_passes;
-            const bool last = pass + 1 >= draft_passes;
-            std::int64_t filled = 0;
+        const std::int64_t B = std::min({d.block, c.room(), c.o.max_tokens - c.st.tokens + 1});
+        if (c.room() < 1) { c.st.stop_reason = "context"; return false; }
+        rows.assign(std::size_t(B), token(c.m.hp().mask_token_id));
+        rows[0] = next_tok;
+        pass = 0;
+        ph = phase::draft;
+        next = {pass_kind::preview, rows, B, d.coreset};
+        return true;
+    }
+    bool step(context<Model>& c, const float* lg, step_request& next) {
+        auto& [m, s, o, smp, out, st] = c;
+        const std::int64_t V = c.n_vocab();
+        const token mask = token(m.hp().mask_token_id);
+        const std::int64_t B = std::int64_t(rows.size());
+        if (ph == phase::start) {
+            next_tok = smp.pick(lg, V, out.hist).id;  // the AR token for position n_past
+            if (!out.emit(next_tok)) return false;
+            return draft(c, next);
+        }
+        if (ph == phase::draft) {
+            const bool last = pass + 1 >= std::max<std::int64_t>(1, d.draft_passes);
+            std::vector<float> adj;
             for (std::int64_t t = 1; t < B; ++t) {
-                if (rows[t] != mask) continue;
-                std::vector<float> adj;
-                smp.adjust(lg.data() + t * V, V, out.hist, mask, adj);
+                if (rows[std::size_t(t)] != mask) continue;
+                smp.adjust(lg + t * V, V, out.hist, mask, adj);
                 const token a = argmax(adj.data(), V);
                 // Draft choices never draw from the generator: AR's draws stay aligned.
                 double z = 0;
-                for (std::int64_t i = 0; i < V; ++i) z += std::exp(double(adj[i]) - double(adj[a]));
-                if (last || 1.0 / z >= threshold) { rows[t] = a; ++filled; }
+                for (std::int64_t i = 0; i < V; ++i) z += std::exp(double(adj[std::size_t(i)]) - double(adj[std::size_t(a)]));
+                if (last || 1.0 / z >= d.threshold) rows[std::size_t(t)] = a;
             }
-            if (!last && filled == 0) continue;
+            ++pass;
+            if (last) {
+                ph = phase::verify;
+                next = {pass_kind::verify, rows, B, -1};
+            } else {
+                next = {pass_kind::preview, rows, B, d.coreset};
+            }
+            return true;
         }
-        m.verify(s, rows, vl);
-        ++st.verify_passes;
+        // Verified: keep the rows that equal the causal choice.
         std::int64_t keep = 1;  // row 0 is the AR token already emitted
-        bool mismatch = false;
+        bool going = true, mismatch = false;
         for (std::int64_t t = 1; t < B && going; ++t) {
-            const token a = smp.pick(vl.data() + (t - 1) * V, V, out.hist).id;
-            if (a != rows[t]) { next = a; mismatch = true; break; }
+            const token a = smp.pick(lg + (t - 1) * V, V, out.hist).id;
+            if (a != rows[std::size_t(t)]) { next_tok = a; mismatch = true; break; }
             ++keep;
             going = out.emit(a);
         }
-        if (going && !mismatch) next = smp.pick(vl.data() + (B - 1) * V, V, out.hist).id;
+        if (going && !mismatch) next_tok = smp.pick(lg + (B - 1) * V, V, out.hist).id;
         m.rollback(s, keep);
-        if (going) going = out.emit(next);
-        if (going && room() < 1) { st.stop_reason = "context"; break; }
+        if (going) going = out.emit(next_tok);
+        if (!going) return false;
+        return draft(c, next);
     }
+};
+
+// One sequence of a generate_many call. A null session: the loop opens one of session_ctx
+// tokens (prompt + max_tokens + a block when 0) when the job starts and closes it at its end.
+template <class Decoder>
+struct sequence_job {
+    session* s = nullptr;
+    std::int64_t session_ctx = 0;
+    std::span<const token> prompt;
+    const generate_options* o = nullptr;
+    std::function<bool(token)> on_token;
+    Decoder dec{};
+    generate_stats stats;  // filled in
+};
+
+namespace detail {
+template <class Decoder>
+std::int64_t block_of(const Decoder& d) {
+    if constexpr (requires { d.block; }) return d.block;
+    else return 0;
+}
+}  // namespace detail
+
+// Runs jobs together, at most max_active at a time (0: all), in job order: one batched pass per
+// step over every active sequence's next segment (a prompt chunk, a decode row, a preview block
+// or verify rows). Decoder may be one policy or a std::variant of policies.
+template <class Model, class Decoder>
+void generate_many(Model& m, std::span<sequence_job<Decoder>> jobs, std::int64_t max_active = 0, bool exact = false) {
+    using clk = std::chrono::steady_clock;
+    struct live {
+        sequence_job<Decoder>* job;
+        std::optional<session> owned;
+        std::optional<sampler> smp;
+        std::optional<detail::emitter> out;
+        std::optional<context<Model>> cx;
+        step_request req;
+        std::int64_t prompt_done = 0;
+        bool in_prompt = true;
+        clk::time_point t0, t1;
+    };
+    auto stepper_of = [](const Decoder& d) {
+        if constexpr (requires { typename Decoder::template stepper<Model>; }) {
+            return typename Decoder::template stepper<Model>(d);
+        } else {  // a std::variant of policies
+            return std::visit([](const auto& p) {
+                using P = std::decay_t<decltype(p)>;
+                return std::variant<typename decode::ar::template stepper<Model>,
+                                    typename decode::low_confidence::template stepper<Model>,
+                                    typename decode::self_speculative::template stepper<Model>>(
+                    typename P::template stepper<Model>(p));
+            }, d);
+        }
+    };
+    using stepper_t = decltype(stepper_of(std::declval<const Decoder&>()));
+    for (auto& j : jobs) {
+        if (j.prompt.empty()) fail("generate: the prompt is empty");
+        if (!j.o) fail("generate: a job has no options");
+        if (j.o->max_tokens < 1) fail("generate: max_tokens must be at least 1");
+        auto needs_preview = [&](const auto& d) {
+            if constexpr (requires { std::decay_t<decltype(d)>::uses_preview; }) return bool(std::decay_t<decltype(d)>::uses_preview);
+            else return false;
+        };
+        bool pv;
+        if constexpr (requires { typename Decoder::template stepper<Model>; }) pv = needs_preview(j.dec);
+        else pv = std::visit(needs_preview, j.dec);
+        if (pv) m.require_diffusion();
+    }
+    std::vector<std::unique_ptr<live>> active;
+    std::vector<std::optional<stepper_t>> steppers(jobs.size());
+    std::vector<std::size_t> slot_of;
+    std::size_t next_job = 0;
+    const std::size_t cap = max_active > 0 ? std::size_t(max_active) : jobs.size();
+    auto start_job = [&](std::size_t i) {
+        auto& j = jobs[i];
+        auto L = std::make_unique<live>();
+        L->job = &j;
+        if (!j.s) {
+            std::int64_t ctx = j.session_ctx;
+            if (ctx <= 0) {
+                std::int64_t b = 0;
+                if constexpr (requires { typename Decoder::template stepper<Model>; }) b = detail::block_of(j.dec);
+                else b = std::visit([](const auto& d) { return detail::block_of(d); }, j.dec);
+                ctx = std::int64_t(j.prompt.size()) + j.o->max_tokens + b + 1;
+            }
+            L->owned.emplace(m.new_session({.ctx = ctx}));
+            j.s = &*L->owned;
+        }
+        j.stats = {};
+        L->smp.emplace(j.o->sampling);
+        L->out.emplace(*j.o, j.on_token, j.stats);
+        L->cx.emplace(context<Model>{m, *j.s, *j.o, *L->smp, *L->out, j.stats});
+        steppers[i].emplace(stepper_of(j.dec));
+        L->t0 = clk::now();
+        active.push_back(std::move(L));
+        slot_of.push_back(i);
+    };
+    while (next_job < jobs.size() && active.size() < cap) start_job(next_job++);
+    std::vector<pass_request> reqs;
+    std::vector<float> logits;
+    std::vector<token> chunk;
+    while (!active.empty()) {
+        reqs.clear();
+        for (auto& L : active) {
+            if (L->in_prompt) {  // the prompt in chunks of the session's batch rows
+                session& s = *L->job->s;
+                const std::int64_t n = std::int64_t(L->job->prompt.size());
+                const std::int64_t m_ = std::min(s.batch(), n - L->prompt_done);
+                L->req.kind = pass_kind::commit;
+                L->req.rows.assign(L->job->prompt.begin() + L->prompt_done, L->job->prompt.begin() + L->prompt_done + m_);
+                L->req.logits = L->prompt_done + m_ == n ? 1 : 0;
+                L->req.coreset = -1;
+            }
+            reqs.push_back({L->job->s, L->req.kind, L->req.rows, L->req.logits, L->req.coreset});
+        }
+        m.run(reqs, logits, exact);
+        const std::int64_t V = m.n_vocab();
+        std::int64_t row = 0;
+        std::vector<std::unique_ptr<live>> still;
+        std::vector<std::size_t> still_slot;
+        for (std::size_t a = 0; a < active.size(); ++a) {
+            auto& L = active[a];
+            auto& st = L->job->stats;
+            const float* lg = logits.data() + row * V;
+            row += L->req.logits;
+            bool going = true;
+            if (L->in_prompt) {
+                L->prompt_done += std::int64_t(L->req.rows.size());
+                if (L->prompt_done < std::int64_t(L->job->prompt.size())) {
+                    still.push_back(std::move(L));
+                    still_slot.push_back(slot_of[a]);
+                    continue;
+                }
+                L->in_prompt = false;
+                st.prompt_tokens = std::int64_t(L->job->prompt.size());
+                st.commit_passes = 1;
+                L->t1 = clk::now();
+                st.prompt_seconds = std::chrono::duration<double>(L->t1 - L->t0).count();
+            } else {
+                if (L->req.kind == pass_kind::commit) ++st.commit_passes;
+                else if (L->req.kind == pass_kind::preview) ++st.preview_passes;
+                else ++st.verify_passes;
+            }
+            auto& stp = *steppers[slot_of[a]];
+            if constexpr (requires { stp.step(*L->cx, lg, L->req); }) going = stp.step(*L->cx, lg, L->req);
+            else going = std::visit([&](auto& x) { return x.step(*L->cx, lg, L->req); }, stp);
+            if (going) {
+                still.push_back(std::move(L));
+                still_slot.push_back(slot_of[a]);
+            } else {
+                st.seconds = std::chrono::duration<double>(clk::now() - L->t1).count();
+                if (L->owned) L->job->s = nullptr;
+                steppers[slot_of[a]].reset();
+            }
+        }
+        active = std::move(still);
+        slot_of = std::move(still_slot);
+        while (next_job < jobs.size() && active.size() < cap) start_job(next_job++);
+    }
+}
+
+// on_token(id) is called for every generated token; returning false stops generation.
+template <class Decoder, class Model>
+    requires decoder_policy_for<Decoder, Model>
+generate_stats generate(Model& m, session& s, std::span<const token> prompt, const generate_options& o,
+                        const std::function<bool(token)>& on_token, Decoder dec = {}) {
+    sequence_job<Decoder> j;
+    j.s = &s;
+    j.prompt = prompt;
+    j.o = &o;
+    j.on_token = on_token;
+    j.dec = dec;
+    generate_many(m, std::span(&j, 1));
+    return j.stats;
 }
 
 }  // namespace clover::decode

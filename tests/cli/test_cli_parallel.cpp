@@ -1,0 +1,94 @@
+// `clover generate --parallel N` and `clover bench --parallel N / --trace` (the execution-core
+// surface added to cli.md): outputs in input order, equal to one sequence at a time; the trace
+// prints one JSON line per pass kind with one read-back each.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "../common/test_util.hpp"
+
+namespace {
+
+struct result {
+    int status = -1;
+    std::string out, err;
+};
+
+result run(const std::string& args) {
+    const std::string err_path = testutil::tmp("cli_par_err.txt");
+    const std::string cmd = "timeout 120 " + std::string(CLOVER_CLI) + " " + args + " 2>" + err_path + " </dev/null";
+    result r;
+    std::FILE* p = popen(cmd.c_str(), "r");
+    REQUIRE(p != nullptr);
+    char buf[4096];
+    std::size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    const int st = pclose(p);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+    std::ifstream e(err_path);
+    std::stringstream ss;
+    ss << e.rdbuf();
+    r.err = ss.str();
+    return r;
+}
+
+std::vector<std::string> lines(const std::string& s) {
+    std::vector<std::string> v;
+    std::istringstream in(s);
+    for (std::string l; std::getline(in, l);) v.push_back(l);
+    return v;
+}
+
+const std::string model = std::string(CLOVER_SOURCE_DIR) + "/models/clover-small.gguf";
+
+}  // namespace
+
+TEST_CASE("generate --parallel: one line per prompt in input order, equal to each prompt alone") {
+    const std::vector<std::string> prompts = {"10,20,30", "5", "7,8,9,10,11,12,13,14,15", "100,200", "42,43,44"};
+    const std::string file = testutil::tmp("par_prompts.txt");
+    {
+        std::ofstream f(file);
+        for (const auto& p : prompts) f << p << "\n\n";  // blank lines are skipped
+    }
+    for (const char* dec : {"ar", "diffusion", "speculative"}) {
+        CAPTURE(dec);
+        const std::string common = " -m " + model + " -n 12 --greedy --ignore-eos -t 2 --decoder " + dec;
+        auto par = run("generate --ids-file " + file + " --parallel 3" + common);
+        REQUIRE(par.status == 0);
+        const auto got = lines(par.out);
+        REQUIRE(got.size() == prompts.size());
+        for (std::size_t i = 0; i < prompts.size(); ++i) {
+            CAPTURE(i);
+            auto one = run("generate --ids " + prompts[i] + common);
+            REQUIRE(one.status == 0);
+            CHECK(lines(one.out).at(0) == got[i]);
+        }
+        CHECK(par.err.find("\"parallel\": 3") != std::string::npos);
+    }
+    auto bad = run("generate --ids 1,2 --parallel 2 -m " + model);
+    CHECK(bad.status != 0);
+    CHECK(bad.err.find("--ids-file") != std::string::npos);
+}
+
+TEST_CASE("bench --trace: one JSON line per pass kind, one read-back each; bench --parallel names tg<n>x<N>") {
+    auto t = run("bench --trace --parallel 2 -t 2 -m " + model);
+    REQUIRE(t.status == 0);
+    const auto l = lines(t.out);
+    REQUIRE(l.size() == 4);
+    const char* kinds[] = {"prefill", "decode", "preview", "verify"};
+    for (int i = 0; i < 4; ++i) {
+        CAPTURE(l[std::size_t(i)]);
+        CHECK(l[std::size_t(i)].find(std::string("\"pass\":\"") + kinds[i] + "\"") != std::string::npos);
+        CHECK(l[std::size_t(i)].find("\"readbacks\":1") != std::string::npos);
+        CHECK(l[std::size_t(i)].find("\"passes\":1") != std::string::npos);
+        CHECK(l[std::size_t(i)].find("\"primitives_per_layer\":") != std::string::npos);
+    }
+    auto b = run("bench -p 0 -n 4 -r 1 --parallel 3 --json -t 2 -m " + model);
+    REQUIRE(b.status == 0);
+    CHECK(b.out.find("\"test\":\"tg4x3\"") != std::string::npos);
+    CHECK(b.out.find("\"parallel\":3") != std::string::npos);
+}
