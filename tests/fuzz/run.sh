@@ -28,6 +28,7 @@ case "$seconds" in ''|*[!0-9]*) echo "run.sh: SECONDS must be a whole number (go
 for t in $targets; do
     [ -x "$build/tests/fuzz/fuzz_$t" ] || { echo "run.sh: $build/tests/fuzz/fuzz_$t is missing: build the fuzz preset first (cmake --workflow --preset fuzz)" >&2; exit 2; }
 done
+case "$(realpath -m "$out")" in /|"$root"|"$HOME"|"$here") echo "run.sh: FUZZ_OUT=$out would be emptied; pick a folder of its own" >&2; exit 2 ;; esac
 rm -rf "$out" && mkdir -p "$out"
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1}"
