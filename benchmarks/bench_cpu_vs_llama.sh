@@ -18,6 +18,12 @@
 #                  pp64 27 vs 117 t/s with poll 0), so llama.cpp gets its best setting here.
 #   LLAMA_ARGS=""  extra llama_bench_peer flags (e.g. --no-repack, -ctk f32)
 #   CLOVER_ARGS="" extra clover bench flags
+#   PARALLEL="1 2 4 8"  parallel decode: N sequences after PAR_P-token prompts, PAR_N steps of N
+#                  rows (llama.cpp: one llama_batch of N rows per step, llama-batched-bench's
+#                  method; clover: one pass over N segments); aggregate t/s. "" skips it.
+#   PAR_P=32 PAR_N=64
+#   BASE_CLOVER=""  a clover binary of an earlier commit: its pp/tg run in the same rounds
+#                  (engine "clover-base"), for the "not slower than before" check
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$here/build}
@@ -30,6 +36,10 @@ MODELS_DIR=${MODELS_DIR:-$here/bench-models}
 LLAMA_POLL=${LLAMA_POLL:-0}
 LLAMA_ARGS=${LLAMA_ARGS:-}
 CLOVER_ARGS=${CLOVER_ARGS:-}
+PARALLEL=${PARALLEL-"1 2 4 8"}
+PAR_P=${PAR_P:-32}
+PAR_N=${PAR_N:-64}
+BASE_CLOVER=${BASE_CLOVER:-}
 clover=$BUILD/clover
 peer=$BUILD/llama_bench_peer
 membw=$BUILD/membw
@@ -66,7 +76,23 @@ for m in "${models[@]}"; do
                 "$clover" bench -m "$m" -p "$P" -n "$N" -t "$t" -r 1 --json $CLOVER_ARGS |
                     sed "s|^{|{\"file\":\"$m\",\"round\":$r,|" >> "$res"
             }
-            if [ $((r % 2)) -eq 1 ]; then run_llama; run_clover; else run_clover; run_llama; fi
+            run_base() {
+                [ -n "$BASE_CLOVER" ] || return 0
+                "$BASE_CLOVER" bench -m "$m" -p "$P" -n "$N" -t "$t" -r 1 --json $CLOVER_ARGS |
+                    sed "s|^{|{\"file\":\"$m\",\"round\":$r,|; s|\"engine\":\"clover\"|\"engine\":\"clover-base\"|" >> "$res"
+            }
+            if [ $((r % 2)) -eq 1 ]; then run_llama; run_clover; run_base; else run_base; run_clover; run_llama; fi
+            for np in $PARALLEL; do
+                run_llama_par() {
+                    "$peer" -m "$m" -p 0 -n "$PAR_N" -t "$t" -r 1 --poll "$LLAMA_POLL" --parallel "$np" --parallel-prompt "$PAR_P" --json $LLAMA_ARGS |
+                        sed "s|^{|{\"file\":\"$m\",\"round\":$r,|" >> "$res"
+                }
+                run_clover_par() {
+                    "$clover" bench -m "$m" -p 0 -n "$PAR_N" -t "$t" -r 1 --parallel "$np" --parallel-prompt "$PAR_P" --json $CLOVER_ARGS |
+                        sed "s|^{|{\"file\":\"$m\",\"round\":$r,|" >> "$res"
+                }
+                if [ $((r % 2)) -eq 1 ]; then run_llama_par; run_clover_par; else run_clover_par; run_llama_par; fi
+            done
             # the bandwidth again every round: on a shared machine a single measurement at the
             # start once read 14.8 GB/s while clover's generation in the same run sustained 20,
             # and one 5-round run read anything from 17.8 to 33.8 GB/s. The summary gives both
@@ -78,9 +104,9 @@ for m in "${models[@]}"; do
 done
 "$membw" -t "$(echo $THREADS | tr ' ' ',')" -r 7 --mib 2048 --json | sed 's/^{/{"phase":"end",/' >> "$res"
 
-python3 - "$res" "$P" "$N" <<'EOF'
+python3 - "$res" "$P" "$N" "$PAR_N" <<'EOF'
 import json, statistics, sys, os
-path, P, N = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, P, N, PAR_N = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rows = [json.loads(l) for l in open(path) if l.strip()]
 bw = {}
 for r in rows:
@@ -131,4 +157,33 @@ print(f"llama.cpp CPU variant: {variant}; clover kernels: {isa}; medians of per-
 print("memory read bandwidth (membw, best): " + ", ".join(f"{t} thread(s) {b:.1f} GB/s" for t, b in sorted(bw.items()))
       + "; roofline = that bandwidth / weight bytes per generated token (" +
       ", ".join(f"{os.path.basename(f).replace('.gguf', '')} {gen_bytes[f] / 1e6:.0f} MB" for f in files if f in gen_bytes) + ")")
+
+# Single sequence against an earlier clover build (BASE_CLOVER), same rounds.
+base = [k for k in groups if k[3] == "clover-base"]
+if base:
+    print()
+    print("| model | threads | test | clover (earlier commit) t/s | clover t/s | ratio | same-round ratio (median) |")
+    print("|---|---|---|---|---|---|---|")
+    for (f, t, test, _) in sorted(base):
+        b, c = groups[(f, t, test, "clover-base")], groups.get((f, t, test, "clover"), [])
+        if not c: continue
+        pairs = [v["clover"] / v["clover-base"] for k, v in by_round.items() if k[:3] == (f, t, test) and "clover" in v and "clover-base" in v]
+        print(f"| {os.path.basename(f).replace('.gguf', '')} | {t} | {test} | {statistics.median(b):.2f} | {statistics.median(c):.2f} "
+              f"| {statistics.median(c) / statistics.median(b):.2f}x | {statistics.median(pairs):.2f}x |")
+
+# Parallel decode: N sequences together, aggregate t/s.
+par = sorted({(k[0], k[1], k[2]) for k in groups if k[2].startswith(f"tg{PAR_N}x")})
+if par:
+    print()
+    print("| model | threads | sequences | llama.cpp t/s | clover t/s | clover / llama.cpp | same-round ratio (median) | clover vs its N=1 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (f, t, test) in sorted(par, key=lambda x: (x[0], x[1], int(x[2].split("x")[1]))):
+        l, c = groups.get((f, t, test, "llama.cpp"), []), groups.get((f, t, test, "clover"), [])
+        if not l or not c: continue
+        one = groups.get((f, t, f"tg{PAR_N}x1", "clover"), [])
+        pairs = [v["clover"] / v["llama.cpp"] for k, v in by_round.items() if k[:3] == (f, t, test) and len(v) == 2]
+        scale = f"{statistics.median(c) / statistics.median(one):.2f}x" if one else ""
+        print(f"| {os.path.basename(f).replace('.gguf', '')} | {t} | {test.split('x')[1]} | {statistics.median(l):.2f} | "
+              f"{statistics.median(c):.2f} | {statistics.median(c) / statistics.median(l):.2f}x | "
+              f"{statistics.median(pairs):.2f}x | {scale} |")
 EOF

@@ -122,7 +122,7 @@ inline void add_bench_commands(CLI::App& app) {
     auto* c = app.add_subcommand("bench", "llama-bench-style prompt (pp) and generation (tg) throughput");
     struct opts {
         std::string model, decoder = "ar", kv = "f16";
-        long long n_prompt = 512, n_gen = 128, reps = 5, parallel = 1, par_prompt = 32;
+        long long n_prompt = 512, n_gen = 128, reps = 5, parallel = 0, par_prompt = 32;  // parallel 0: the plain tg test
         int threads = 0;
         bool json = false, trace = false;
     };
@@ -146,7 +146,7 @@ inline void add_bench_commands(CLI::App& app) {
                 "run one pass of each kind (prefill chunk, decode, preview, verify; --parallel N sequences) through the "
                 "trace backend and print one JSON line per pass kind: primitives and read-backs");
     c->callback([o] {
-        if (o->trace) return bench_detail::trace_passes(o->model, o->threads, o->parallel);
+        if (o->trace) return bench_detail::trace_passes(o->model, o->threads, std::max<long long>(1, o->parallel));
         if (o->decoder != "ar") fail("bench: --decoder ", o->decoder, " is not available in this build yet (use ar)");
         using bench_detail::now_s;
         const double t0 = now_s();
@@ -176,7 +176,8 @@ inline void add_bench_commands(CLI::App& app) {
             m->commit(s, ids, logits_rows::last, logits);
             return double(n) / (now_s() - a);
         };
-        const std::int64_t N = o->parallel;
+        const std::int64_t N = std::max<long long>(1, o->parallel);
+        const bool par = o->parallel > 0;
         auto run_tg_parallel = [&](std::int64_t n) {
             std::vector<session> ss;
             std::vector<std::vector<token>> rows;
@@ -196,7 +197,7 @@ inline void add_bench_commands(CLI::App& app) {
             return double(n * N) / (now_s() - a);
         };
         auto run_tg = [&](std::int64_t n) {
-            if (N > 1) return run_tg_parallel(n);
+            if (par) return run_tg_parallel(n);
             auto s = m->new_session({.ctx = ctx, .kv_f16 = kv16});
             auto ids = random_ids(n);
             const double a = now_s();
@@ -206,14 +207,14 @@ inline void add_bench_commands(CLI::App& app) {
         std::vector<bench_detail::result> res;
         if (o->n_prompt > 0) res.push_back({"pp" + std::to_string(o->n_prompt), o->n_prompt, 0, {}});
         if (o->n_gen > 0)
-            res.push_back({"tg" + std::to_string(o->n_gen) + (N > 1 ? "x" + std::to_string(N) : ""), 0, o->n_gen, {}});
+            res.push_back({"tg" + std::to_string(o->n_gen) + (par ? "x" + std::to_string(N) : ""), 0, o->n_gen, {}});
         const std::string desc = m->hp().arch + " " + std::to_string(m->hp().n_layer) + "L " + bench_detail::type_summary(f);
         const int threads = m->backend().threads();
         if (!o->json) {
             std::printf("| %-28s | %9s | %7s | %-10s | %7s | %8s | %16s |\n", "model", "size", "params", "backend", "threads",
                         "test", "t/s");
             std::printf("| ---------------------------- | --------- | ------- | ---------- | ------- | -------- | ---------------- |\n");
-            if (N > 1) std::printf("(tg%lldx%lld: %lld sequences decoding together after %lld-token prompts; aggregate t/s)\n",
+            if (par) std::printf("(tg%lldx%lld: %lld sequences decoding together after %lld-token prompts; aggregate t/s)\n",
                                    o->n_gen, (long long)N, (long long)N, o->par_prompt);
         }
         for (auto& t : res) {

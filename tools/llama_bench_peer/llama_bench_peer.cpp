@@ -39,7 +39,7 @@ namespace {
 
 struct options {
     std::string model, backends = LLAMA_PEER_BACKENDS_DIR, cpu_variant, ctk = "f16", fa = "auto", load_mode = "mmap";
-    int n_prompt = 512, n_gen = 128, threads = 1, reps = 5, poll = 50;
+    int n_prompt = 512, n_gen = 128, threads = 1, reps = 5, poll = 50, parallel = 0, par_prompt = 32;  // parallel 0: the plain tg test
     bool repack = true, json = false;
 };
 
@@ -73,6 +73,8 @@ options parse(int argc, char** argv) {
         else if (a == "-t") o.threads = to_int(next(), "-t");
         else if (a == "-r") o.reps = to_int(next(), "-r");
         else if (a == "--poll") o.poll = to_int(next(), "--poll");
+        else if (a == "--parallel") o.parallel = to_int(next(), "--parallel");
+        else if (a == "--parallel-prompt") o.par_prompt = to_int(next(), "--parallel-prompt");
         else if (a == "--no-repack") o.repack = false;
         else if (a == "--load-mode") o.load_mode = next();
         else if (a == "-ctk") o.ctk = next();
@@ -85,6 +87,8 @@ options parse(int argc, char** argv) {
     if (o.model.empty()) fail("-m MODEL.gguf is required");
     if (o.threads < 1) fail("-t must be >= 1");
     if (o.reps < 1) fail("-r must be >= 1");
+    if (o.parallel < 0 || o.parallel > 256) fail("--parallel must be in [1, 256]");
+    if (o.par_prompt < 1) fail("--parallel-prompt must be >= 1");
     if (o.poll > 100) fail("--poll must be in [0, 100]");
     if (o.ctk != "f16" && o.ctk != "f32") fail("-ctk must be f16 or f32");
     if (o.fa != "on" && o.fa != "off" && o.fa != "auto") fail("-fa must be on, off or auto");
@@ -143,6 +147,42 @@ void run_gen(llama_context* ctx, int n, int n_vocab) {
     }
 }
 
+// llama-batched-bench's method for N sequences: their prompts in one llama_batch (sequence i at
+// positions 0..P-1), then n steps that each decode one llama_batch of N rows (one per sequence,
+// logits on). Only the steps are timed; returns aggregate generated tokens per second.
+double run_parallel(llama_context* ctx, int N, int P, int n, int n_vocab) {
+    llama_batch b = llama_batch_init(std::max(N * P, N), 0, 1);
+    b.n_tokens = 0;
+    for (int s = 0; s < N; ++s)
+        for (int i = 0; i < P; ++i) {
+            const int k = b.n_tokens++;
+            b.token[k] = llama_token(g_rng() % std::uint32_t(n_vocab));
+            b.pos[k] = i;
+            b.n_seq_id[k] = 1;
+            b.seq_id[k][0] = s;
+            b.logits[k] = i == P - 1;
+        }
+    if (const int rc = llama_decode(ctx, b); rc != 0) fail("llama_decode(parallel prompts) returned " + std::to_string(rc) + why());
+    llama_synchronize(ctx);
+    const double t0 = now_s();
+    for (int step = 0; step < n; ++step) {
+        b.n_tokens = 0;
+        for (int s = 0; s < N; ++s) {
+            const int k = b.n_tokens++;
+            b.token[k] = llama_token(g_rng() % std::uint32_t(n_vocab));
+            b.pos[k] = P + step;
+            b.n_seq_id[k] = 1;
+            b.seq_id[k][0] = s;
+            b.logits[k] = true;
+        }
+        if (const int rc = llama_decode(ctx, b); rc != 0) fail("llama_decode(parallel step) returned " + std::to_string(rc) + why());
+        llama_synchronize(ctx);
+    }
+    const double dt = now_s() - t0;
+    llama_batch_free(b);
+    return double(n) * double(N) / dt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -177,10 +217,10 @@ int main(int argc, char** argv) {
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
 
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = std::uint32_t(std::max(1, o.n_prompt + o.n_gen));
+    cp.n_ctx = std::uint32_t(std::max({1, o.n_prompt + o.n_gen, std::max(1, o.parallel) * (o.par_prompt + o.n_gen + 1)}));
     cp.n_batch = 2048;
     cp.n_ubatch = 512;
-    cp.n_seq_max = 1;
+    cp.n_seq_max = std::uint32_t(std::max(1, o.parallel));
     cp.n_threads = cp.n_threads_batch = o.threads;
     cp.type_k = cp.type_v = o.ctk == "f16" ? GGML_TYPE_F16 : GGML_TYPE_F32;
     cp.flash_attn_type = o.fa == "on" ? LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -206,7 +246,8 @@ int main(int argc, char** argv) {
     struct test { std::string name; int p, n; };
     std::vector<test> tests;
     if (o.n_prompt > 0) tests.push_back({"pp" + std::to_string(o.n_prompt), o.n_prompt, 0});
-    if (o.n_gen > 0) tests.push_back({"tg" + std::to_string(o.n_gen), 0, o.n_gen});
+    if (o.n_gen > 0)
+        tests.push_back({"tg" + std::to_string(o.n_gen) + (o.parallel > 0 ? "x" + std::to_string(o.parallel) : ""), 0, o.n_gen});
     if (!o.json) {
         std::printf("| %-24s | %9s | %7s | %-10s | %7s | %8s | %16s |\n", "model", "size", "params", "backend", "threads",
                     "test", "t/s");
@@ -218,10 +259,15 @@ int main(int argc, char** argv) {
         // warmup (llama-bench: one prompt run, or one generated token)
         llama_memory_clear(llama_get_memory(ctx), false);
         if (t.p > 0) run_prompt(ctx, t.p, n_vocab);
+        else if (o.parallel > 0) run_parallel(ctx, o.parallel, o.par_prompt, 1, n_vocab);
         else run_gen(ctx, 1, n_vocab);
         std::vector<double> ts;
         for (int r = 0; r < o.reps; ++r) {
             llama_memory_clear(llama_get_memory(ctx), false);
+            if (t.p == 0 && o.parallel > 0) {
+                ts.push_back(run_parallel(ctx, o.parallel, o.par_prompt, t.n, n_vocab));
+                continue;
+            }
             const double t0 = now_s();
             if (t.p > 0) run_prompt(ctx, t.p, n_vocab);
             else run_gen(ctx, t.n, n_vocab);
@@ -237,9 +283,10 @@ int main(int argc, char** argv) {
             for (std::size_t i = 0; i < ts.size(); ++i) samples += (i ? "," : "") + std::to_string(ts[i]);
             std::printf("{\"engine\":\"llama.cpp\",\"build\":\"v0.5.0\",\"cpu_variant\":\"%s\",\"model\":\"%s\",\"size_gib\":%.3f,"
                         "\"params_b\":%.3f,\"threads\":%d,\"poll\":%d,\"repack\":%s,\"test\":\"%s\",\"n_prompt\":%d,\"n_gen\":%d,"
-                        "\"avg_ts\":%.4f,\"stddev_ts\":%.4f,\"samples_ts\":[%s],\"tokens_per_pass\":%d,\"load_s\":%.3f}\n",
+                        "\"avg_ts\":%.4f,\"stddev_ts\":%.4f,\"samples_ts\":[%s],\"tokens_per_pass\":%d,\"load_s\":%.3f,\"parallel\":%d}\n",
                         variant.c_str(), desc, size_gib, params_b, o.threads, o.poll, o.repack ? "true" : "false",
-                        t.name.c_str(), t.p, t.n, avg, sd, samples.c_str(), t.p > 0 ? t.p : 1, load_s);
+                        t.name.c_str(), t.p, t.n, avg, sd, samples.c_str(), t.p > 0 ? t.p : 1, load_s,
+                        t.p > 0 ? 1 : std::max(1, o.parallel));
         } else {
             std::printf("| %-24.24s | %5.2f GiB | %5.2f B | %-10s | %7d | %8s | %8.2f ± %5.2f |\n", desc, size_gib, params_b,
                         ("CPU " + variant).c_str(), o.threads, t.name.c_str(), avg, sd);
