@@ -14,7 +14,10 @@
 // Inputs are compared by identity (device + inode, io/regular_file.hpp): the same file under
 // another name, a hard link or a symlink to an input is refused, before anything is created and
 // again just before the rename. An existing output that is not a regular file (a folder, a FIFO,
-// a device) is refused too: renaming over it would replace it, not write into it.
+// a device) is refused too: renaming over it would replace it, not write into it. An output
+// name that is a symlink (to a file that is no input) is replaced by the new file; the file it
+// pointed to is left as it was. A temporary file survives only a kill (SIGKILL, power loss):
+// "NAME.XXXXXXXX.partial" next to the output says what it is.
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
