@@ -64,7 +64,7 @@ public:
         fills_.push_back(std::move(fill));
     }
     void add_tensor_bytes(std::string name, dtype type, std::vector<std::int64_t> ne, std::span<const std::byte> src) {
-        add_tensor(std::move(name), type, std::move(ne), [src, this](std::span<std::byte> dst) {
+        add_tensor(std::move(name), type, std::move(ne), [src](std::span<std::byte> dst) {
             if (src.size() != dst.size()) fail("gguf writer: source bytes do not match the tensor size");
             std::memcpy(dst.data(), src.data(), dst.size());
         });

@@ -10,7 +10,9 @@
 // A file's identity is its device and inode: the same file under another name, through a hard
 // link or a symlink, has the same identity. Writers (io/atomic_file.hpp) compare identities to
 // refuse an output that is one of their inputs.
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <optional>
