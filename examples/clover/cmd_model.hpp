@@ -103,10 +103,7 @@ inline void add_model_commands(CLI::App& app) {
                 m->commit(s, ids, logits_rows::none, logits);
                 m->preview(s, block, o->coreset, logits);
             }
-            std::FILE* f = std::fopen(o->out.c_str(), "wb");
-            if (!f) fail(o->out, ": cannot create file");
-            const std::size_t n = std::fwrite(logits.data(), sizeof(float), logits.size(), f);
-            if (std::fclose(f) != 0 || n != logits.size()) fail(o->out, ": write failed");
+            write_output_file(o->out, std::as_bytes(std::span(logits)), {o->model, o->ids_file});
         });
     }
     {

@@ -2,11 +2,13 @@
 // Shared pieces of the `clover` command: id lists, model opening, output helpers.
 #include <cstdio>
 #include <fstream>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <clover/clover.hpp>
+#include <clover/io/atomic_file.hpp>
 #include <clover/io/hf_model.hpp>
 #include <clover/model/file_variants.hpp>
 
@@ -45,6 +47,27 @@ inline std::string read_file(const std::string& path) {
     std::ostringstream ss;
     ss << f.rdbuf();
     return ss.str();
+}
+
+// The files that reading `paths` touches (a model file, every file an HF folder is read from,
+// an ids file; empty paths skipped): what an output must never replace.
+inline std::vector<io::file_identity> input_identities(std::initializer_list<std::string> paths) {
+    std::vector<io::file_identity> ids;
+    for (const auto& p : paths) {
+        if (p.empty()) continue;
+        if (std::filesystem::is_directory(p)) {
+            for (auto& id : hf::input_files(p)) ids.push_back(std::move(id));
+        } else if (auto id = io::identity_of(p)) {
+            ids.push_back(std::move(*id));
+        }
+    }
+    return ids;
+}
+
+// Writes a whole output file, all or nothing (io/atomic_file.hpp: a temporary file, fsync,
+// rename), refusing an output that is one of `inputs` (paths as given on the command line).
+inline void write_output_file(const std::string& out, std::span<const std::byte> bytes, std::initializer_list<std::string> inputs) {
+    io::write_file_atomically(out, bytes, input_identities(inputs));
 }
 
 inline std::string join_ids(const std::vector<token>& ids) {

@@ -290,7 +290,10 @@ inline void write_tokenizer(const io::gguf_file& g, const fs::path& dir) {
                      ",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":true}";
     }
     std::string m;
-    for (const auto& x : merges) m += (m.empty() ? "" : ",") + json_escape(x);
+    for (const auto& x : merges) {
+        if (!m.empty()) m += ',';  // appends only: GCC 12 warns falsely (-Wrestrict) on "literal" + std::string&&
+        m += json_escape(x);
+    }
     const std::string pre = "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":" +
                             json_escape(tok::qwen35_pattern) +
                             "},\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"

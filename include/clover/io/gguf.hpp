@@ -114,7 +114,9 @@ public:
             for (int d = 0; d < 4; ++d)
                 if (t.ne[d] < 1 || (d >= t.n_dims && t.ne[d] != 1)) fail(path_, ": tensor '", t.name, "': bad shape ", t.shape_string());
             if (t.ne[0] % tr->block != 0) fail(path_, ": tensor '", t.name, "': row is not a whole number of ", tr->name, " blocks");
-            const std::size_t bytes = t.row_bytes() * std::size_t(t.nrows());
+            const std::optional<std::size_t> size = byte_size(t);
+            if (!size) fail(path_, ": tensor '", t.name, "' ", t.shape_string(), ": its size does not fit in 64 bits");
+            const std::size_t bytes = *size;
             if (t.nbytes == 0) t.nbytes = bytes;
             if (t.nbytes != bytes || !t.data) fail(path_, ": tensor '", t.name, "': no data or ", t.nbytes, " bytes for ", bytes);
         }
@@ -194,6 +196,18 @@ public:
     }
 
 private:
+    // The bytes of t (a known type, dimensions >= 1, whole blocks per row), or nullopt when its
+    // element count or size does not fit in 64 bits: then nelements() and nrows() could not
+    // be trusted either.
+    static std::optional<std::size_t> byte_size(const gguf_tensor& t) {
+        std::int64_t n = 1;
+        for (std::int64_t d : t.ne)
+            if (__builtin_mul_overflow(n, d, &n)) return std::nullopt;
+        std::size_t bytes = 0;
+        if (__builtin_mul_overflow(t.row_bytes(), std::size_t(t.nrows()), &bytes)) return std::nullopt;
+        return bytes;
+    }
+
     [[noreturn]] void wrong_type(std::string_view key, const gguf_value& v, std::string_view want) const {
         std::string got(gguf_type_name(v.type));
         if (v.type == gguf_type::array) got += " of " + std::string(gguf_type_name(v.elem));
@@ -224,6 +238,20 @@ private:
             return s;
         }
     };
+
+    // Reserves room for n items, but never more memory than the file bytes left could fill:
+    // a count is checked against the bytes before, yet an item in memory is larger than its
+    // encoding (an empty string: 8 bytes in the file, 32 in memory), and a count that passes
+    // may still be followed by truncated items.
+    template <class V>
+    static void reserve_within(V& v, std::uint64_t n, std::size_t bytes_left) {
+        v.reserve(std::size_t(std::min<std::uint64_t>(n, bytes_left / sizeof(typename V::value_type))));
+    }
+
+    // Arrays of arrays cost ~150 bytes of memory for 12 bytes of file each; nothing real uses
+    // many (llama.cpp reads none), so a file may hold this many in all.
+    static constexpr std::uint64_t max_nested_arrays = 65536;
+    std::uint64_t nested_arrays_ = 0;
 
     static std::size_t scalar_size(gguf_type t) {
         switch (t) {
@@ -267,17 +295,21 @@ private:
                 if (n > c.left() / scalar_size(v.elem))
                     fail(path(), ": key '", key, "': array length ", n, " exceeds the file size");
                 if (v.elem == gguf_type::string) {
-                    v.strs.reserve(std::size_t(n));
+                    reserve_within(v.strs, n, c.left());
                     for (std::uint64_t k = 0; k < n; ++k) v.strs.push_back(c.read_string("array string"));
                 } else if (v.elem == gguf_type::array) {
-                    v.arrays.reserve(std::size_t(n));
+                    if (n > max_nested_arrays - nested_arrays_)
+                        fail(path(), ": key '", key, "': ", n, " nested arrays (arrays of arrays); at most ", max_nested_arrays,
+                             " in a file");
+                    nested_arrays_ += n;
+                    reserve_within(v.arrays, n, c.left());
                     for (std::uint64_t k = 0; k < n; ++k)
                         v.arrays.push_back(read_value(c, gguf_type::array, key, depth + 1));
                 } else if (gguf_is_float(v.elem)) {
-                    v.floats.reserve(std::size_t(n));
+                    reserve_within(v.floats, n, c.left());
                     for (std::uint64_t k = 0; k < n; ++k) v.floats.push_back(read_value(c, v.elem, key, depth + 1).f);
                 } else {
-                    v.ints.reserve(std::size_t(n));
+                    reserve_within(v.ints, n, c.left());
                     for (std::uint64_t k = 0; k < n; ++k) v.ints.push_back(read_value(c, v.elem, key, depth + 1).i);
                 }
                 break;
@@ -300,7 +332,7 @@ private:
         if (n_kv > c.left() / 13) fail(path(), ": metadata count ", n_kv, " exceeds the file size");
         if (n_tensors > c.left() / 32) fail(path(), ": tensor count ", n_tensors, " exceeds the file size");
 
-        kv_.reserve(std::size_t(n_kv));
+        reserve_within(kv_, n_kv, c.left());
         for (std::uint64_t k = 0; k < n_kv; ++k) {
             std::string key = c.read_string("metadata key");
             auto t = c.read<std::uint32_t>("metadata type");
@@ -316,7 +348,7 @@ private:
             alignment_ = std::size_t(a->i);
         }
 
-        tensors_.reserve(std::size_t(n_tensors));
+        reserve_within(tensors_, n_tensors, c.left());
         for (std::uint64_t k = 0; k < n_tensors; ++k) {
             gguf_tensor t;
             t.name = c.read_string("tensor name");
@@ -337,10 +369,11 @@ private:
             if (t.ne[0] % tr->block != 0)
                 fail(path(), ": tensor '", t.name, "': row of ", t.ne[0], " elements is not a multiple of the ",
                      tr->name, " block (", tr->block, ")");
-            unsigned __int128 bytes = (unsigned __int128)(t.ne[0] / tr->block) * tr->block_bytes;
-            bytes *= (unsigned __int128)t.ne[1] * t.ne[2] * t.ne[3];
-            if (bytes > map_.size()) fail(path(), ": tensor '", t.name, "' ", t.shape_string(), " is larger than the file");
-            t.nbytes = std::size_t(bytes);
+            const std::optional<std::size_t> bytes = byte_size(t);
+            if (!bytes || *bytes > map_.size())
+                fail(path(), ": tensor '", t.name, "' ", t.shape_string(), " is larger than the file",
+                     bytes ? "" : " (its size does not even fit in 64 bits)");
+            t.nbytes = *bytes;
             if (tensor_index_.count(t.name)) fail(path(), ": duplicate tensor '", t.name, "'");
             tensor_index_[t.name] = tensors_.size();
             tensors_.push_back(std::move(t));
@@ -355,6 +388,23 @@ private:
                 fail(path(), ": tensor '", t.name, "': data [", t.offset, ", +", t.nbytes,
                      ") is out of range (data section holds ", data_size, " bytes; file truncated?)");
             t.data = map_.data() + data_offset_ + t.offset;
+        }
+        refuse_overlaps();
+    }
+
+    // Two tensors sharing bytes: a writer bug, or a crafted file aliasing weights (a write
+    // through one would change the other). safetensors refuses them too.
+    void refuse_overlaps() const {
+        std::vector<const gguf_tensor*> order;
+        order.reserve(tensors_.size());
+        for (const auto& t : tensors_) order.push_back(&t);
+        std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+        for (std::size_t i = 1; i < order.size(); ++i) {
+            const gguf_tensor& a = *order[i - 1];
+            const gguf_tensor& b = *order[i];
+            if (b.offset < a.offset + a.nbytes)
+                fail(path(), ": tensors '", a.name, "' [", a.offset, ", ", a.offset + a.nbytes, ") and '", b.name, "' [", b.offset, ", ",
+                     b.offset + b.nbytes, ") overlap");
         }
     }
 

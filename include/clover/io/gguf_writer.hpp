@@ -2,7 +2,8 @@
 // GGUF v3 writer. Metadata first, tensors declared with their shapes, then the file is streamed
 // tensor by tensor: each tensor's bytes come from a fill callback (synthesis, conversion) or a
 // span (copying from another mapped file), so memory stays bounded by the largest tensor.
-// Writes go to "OUT.partial" and are renamed at the end: a failure never leaves a broken OUT.
+// Writes go through io::atomic_output (a fresh temporary file, fsync, rename): a failure never
+// leaves a broken OUT, and an OUT that is one of the inputs is refused.
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "clover/io/atomic_file.hpp"
 #include "clover/io/gguf.hpp"
 
 namespace clover::io {
@@ -62,7 +64,7 @@ public:
         fills_.push_back(std::move(fill));
     }
     void add_tensor_bytes(std::string name, dtype type, std::vector<std::int64_t> ne, std::span<const std::byte> src) {
-        add_tensor(std::move(name), type, std::move(ne), [src, this](std::span<std::byte> dst) {
+        add_tensor(std::move(name), type, std::move(ne), [src](std::span<std::byte> dst) {
             if (src.size() != dst.size()) fail("gguf writer: source bytes do not match the tensor size");
             std::memcpy(dst.data(), src.data(), dst.size());
         });
@@ -99,33 +101,23 @@ public:
     // Bytes of the data section (every tensor padded to the alignment).
     std::uint64_t data_size() const { return next_offset_; }
 
-    // progress(i, n) is called after each tensor.
-    void write(const std::filesystem::path& out, const std::function<void(std::size_t, std::size_t)>& progress = {}) {
-        std::filesystem::path tmp = out;
-        tmp += ".partial";
-        std::FILE* f = std::fopen(tmp.c_str(), "wb");
-        if (!f) fail(out.string(), ": cannot create file");
-        try {
-            const std::vector<std::byte> head = header();
-            write_all(f, head.data(), head.size(), out);
-            std::vector<std::byte> buf;
-            for (std::size_t i = 0; i < tensors_.size(); ++i) {
-                const auto& t = tensors_[i];
-                std::size_t padded = (t.nbytes + alignment_ - 1) / alignment_ * alignment_;
-                buf.assign(padded, std::byte{0});
-                fills_[i](std::span<std::byte>(buf.data(), t.nbytes));
-                write_all(f, buf.data(), padded, out);
-                if (progress) progress(i + 1, tensors_.size());
-            }
-            if (std::fclose(f) != 0) { f = nullptr; fail(out.string(), ": write failed (disk full?)"); }
-            f = nullptr;
-            std::filesystem::rename(tmp, out);
-        } catch (...) {
-            if (f) std::fclose(f);
-            std::error_code ec;
-            std::filesystem::remove(tmp, ec);
-            throw;
+    // progress(i, n) is called after each tensor. The file is written through io::atomic_output:
+    // all or nothing, and never over one of `inputs` (the files the tensors are read from).
+    void write(const std::filesystem::path& out, const std::function<void(std::size_t, std::size_t)>& progress = {},
+               std::vector<file_identity> inputs = {}) {
+        atomic_output f(out, std::move(inputs));
+        const std::vector<std::byte> head = header();
+        f.write(head.data(), head.size());
+        std::vector<std::byte> buf;
+        for (std::size_t i = 0; i < tensors_.size(); ++i) {
+            const auto& t = tensors_[i];
+            std::size_t padded = (t.nbytes + alignment_ - 1) / alignment_ * alignment_;
+            buf.assign(padded, std::byte{0});
+            fills_[i](std::span<std::byte>(buf.data(), t.nbytes));
+            f.write(buf.data(), padded);
+            if (progress) progress(i + 1, tensors_.size());
         }
+        f.commit();
     }
 
 private:
@@ -168,10 +160,6 @@ private:
         else if (gguf_is_float(a.elem)) for (double x : a.floats) put_scalar(b, a.elem, 0, x);
         else for (std::int64_t x : a.ints) put_scalar(b, a.elem, x, 0);
     }
-    static void write_all(std::FILE* f, const void* p, std::size_t n, const std::filesystem::path& out) {
-        if (n && std::fwrite(p, 1, n, f) != n) fail(out.string(), ": write failed (disk full?)");
-    }
-
     std::size_t alignment_;
     std::vector<std::pair<std::string, gguf_value>> kv_;
     std::vector<gguf_tensor> tensors_;

@@ -24,6 +24,7 @@
 #include "clover/core/error.hpp"
 #include "clover/io/gguf_writer.hpp"
 #include "clover/io/json.hpp"
+#include "clover/io/regular_file.hpp"
 
 namespace clover::io {
 
@@ -101,12 +102,9 @@ struct fields {
     }
 };
 
-inline std::string read_text(const std::filesystem::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    if (!in) fail(p.string(), ": cannot open");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+// A JSON file of the folder: a regular file only (a FIFO would block), of bounded size.
+inline std::string read_text(const std::filesystem::path& p, std::size_t max_bytes = std::size_t(64) << 20) {
+    return read_regular_file(p, max_bytes);
 }
 
 }  // namespace hfc_detail

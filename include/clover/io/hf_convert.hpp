@@ -197,10 +197,14 @@ inline convert_result convert(const std::filesystem::path& dir, const std::files
     std::uint64_t total = 0;
     for (auto s : sizes) total += s;
     std::uint64_t done = 0;
-    w.write(out, [&](std::size_t i, std::size_t n) {
-        done += sizes[i - 1];
-        if (o.progress) o.progress(i, n, done, total);
-    });
+    // Never over a file of the folder (config.json, a shard, ...): refused before anything is written.
+    w.write(
+        out,
+        [&](std::size_t i, std::size_t n) {
+            done += sizes[i - 1];
+            if (o.progress) o.progress(i, n, done, total);
+        },
+        input_files(dir));
     if (res.n_fallback && o.warn)
         o.warn("convert: " + std::to_string(res.n_fallback) + " tensor(s) have rows that are not whole blocks of the chosen type; kept in F32");
     res.n_tensors = sizes.size();

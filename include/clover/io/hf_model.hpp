@@ -40,6 +40,7 @@
 #include "clover/io/gguf_writer.hpp"
 #include "clover/io/hf_config.hpp"
 #include "clover/io/json.hpp"
+#include "clover/io/regular_file.hpp"
 #include "clover/io/safetensors.hpp"
 #include "clover/quant/rows.hpp"
 #include "clover/tokenizer/tokenizer_json.hpp"
@@ -143,13 +144,31 @@ struct located {
     const std::string* shard;
 };
 
-inline void open_shards(hf_folder& f, std::map<std::string, located, std::less<>>& all) {
+// Refuses a file of the model folder that resolves (through symlinks) outside it: a folder from
+// elsewhere must not make us read, or convert into a GGUF, a file the user never gave. One
+// exception: the HF hub cache, whose snapshots/REV/NAME are symlinks to ../../blobs/HASH of the
+// same repository.
+inline void require_inside(const std::filesystem::path& dir, const std::filesystem::path& p) {
     namespace fs = std::filesystem;
-    const fs::path index = f.dir / "model.safetensors.index.json";
-    std::vector<std::pair<std::string, std::string>> wanted;  // tensor -> shard file
+    if (io::resolves_inside(p, dir)) return;
+    std::error_code ec;
+    const fs::path real = fs::canonical(dir, ec);
+    if (!ec && real.parent_path().filename() == "snapshots" && io::resolves_inside(p, real.parent_path().parent_path() / "blobs"))
+        return;
+    const fs::path target = fs::weakly_canonical(p, ec);
+    fail(p.string(), ": resolves to ", ec ? std::string("?") : target.string(), ", outside the folder ", dir.string(),
+         " (a symlink out of the model folder)");
+}
+
+// The shard files of the folder, in order (relative names). With an index, `wanted` (optional)
+// receives which shard each tensor is listed in.
+inline std::vector<std::string> shard_files(const std::filesystem::path& dir, std::vector<std::pair<std::string, std::string>>* wanted) {
+    namespace fs = std::filesystem;
+    const fs::path index = dir / "model.safetensors.index.json";
     std::vector<std::string> files;
-    if (fs::exists(index)) {
-        const std::string text = io::hfc_detail::read_text(index);
+    if (fs::exists(index) || fs::is_symlink(index)) {
+        require_inside(dir, index);
+        const std::string text = io::hfc_detail::read_text(index, std::size_t(256) << 20);
         const io::json::value root = io::json::parse(text, index.string(), 16, std::size_t(1) << 24);
         const io::json::value* wm = root.is_object() ? root.find("weight_map") : nullptr;
         if (!wm || !wm->is_object()) fail(index.string(), ": no 'weight_map' object");
@@ -162,22 +181,30 @@ inline void open_shards(hf_folder& f, std::map<std::string, located, std::less<>
             bool safe = !rel.is_absolute();
             for (const auto& part : rel) safe = safe && part != "..";
             if (!safe) fail(index.string(), ": weight_map['", name, "'] = '", v.s, "' points outside the folder");
-            wanted.emplace_back(name, v.s);
+            if (wanted) wanted->emplace_back(name, v.s);
             if (seen.insert(v.s).second) files.push_back(v.s);
         }
-    } else if (fs::exists(f.dir / "model.safetensors")) {
+    } else if (fs::exists(dir / "model.safetensors") || fs::is_symlink(dir / "model.safetensors")) {
         files.push_back("model.safetensors");
     } else {
-        for (const auto& e : fs::directory_iterator(f.dir))
+        for (const auto& e : fs::directory_iterator(dir))
             if (e.path().extension() == ".safetensors") files.push_back(e.path().filename().string());
         std::sort(files.begin(), files.end());
         if (files.empty())
-            fail(f.dir.string(), ": no model.safetensors.index.json, model.safetensors or *.safetensors (not an HF model folder?)");
+            fail(dir.string(), ": no model.safetensors.index.json, model.safetensors or *.safetensors (not an HF model folder?)");
     }
+    return files;
+}
+
+inline void open_shards(hf_folder& f, std::map<std::string, located, std::less<>>& all) {
+    namespace fs = std::filesystem;
+    std::vector<std::pair<std::string, std::string>> wanted;  // tensor -> shard file
+    const std::vector<std::string> files = shard_files(f.dir, &wanted);
     std::map<std::string, std::size_t> shard_of;
     for (const auto& name : files) {
         const fs::path p = f.dir / name;
         if (!fs::exists(p)) fail(p.string(), ": shard listed in model.safetensors.index.json is missing");
+        require_inside(f.dir, p);
         shard_of[name] = f.shards.size();
         f.shards.push_back(std::make_unique<io::safetensors_file>(p));
     }
@@ -280,8 +307,10 @@ struct planner {
 // tokenizer.json → tokenizer.* keys; returns the id of "<|mask|>" (or -1).
 inline std::int64_t put_tokenizer(hf_folder& f, io::gguf_writer& w, std::int64_t n_vocab, warn_fn warn) {
     const auto path = f.dir / "tokenizer.json";
-    if (!std::filesystem::exists(path)) return -1;
+    if (!std::filesystem::exists(path) && !std::filesystem::is_symlink(path)) return -1;
     try {
+        for (const char* name : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
+            if (std::filesystem::exists(f.dir / name) || std::filesystem::is_symlink(f.dir / name)) require_inside(f.dir, f.dir / name);
         tok::tokenizer_spec s = tok::read_tokenizer_json_spec(path);
         if (std::int64_t(s.tokens.size()) > n_vocab)
             fail(path.string(), ": ", s.tokens.size(), " tokens but the embedding has ", n_vocab, " rows");
@@ -306,6 +335,7 @@ inline std::shared_ptr<const hf_folder> open_hf(const std::filesystem::path& dir
     auto fp = std::make_shared<hf_folder>();
     hf_folder& f = *fp;
     f.dir = dir;
+    if (fs::exists(dir / "config.json") || fs::is_symlink(dir / "config.json")) hf_detail::require_inside(dir, dir / "config.json");
     f.cfg = io::read_hf_config(dir);
     const io::hf_config& c = f.cfg;
     std::map<std::string, hf_detail::located, std::less<>> all;
@@ -518,6 +548,23 @@ inline std::shared_ptr<const io::gguf_file> load_hf(const std::filesystem::path&
     for (const auto& [key, v] : folder->metadata) w.set(key, v);
     w.set_string(folder->arch + ".gdn.v_head_order", "grouped");
     return std::make_shared<const io::gguf_file>(dir.string(), w.metadata(), std::move(ts), k);
+}
+
+// The files of an HF folder that loading it reads (those present): config.json, the index, the
+// shards, the tokenizer files. What a writer must not replace (io/atomic_file.hpp).
+inline std::vector<io::file_identity> input_files(const std::filesystem::path& dir) {
+    std::vector<io::file_identity> ids;
+    auto add = [&](const std::filesystem::path& p) {
+        if (auto id = io::identity_of(p)) ids.push_back(*id);
+    };
+    for (const char* name : {"config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
+        add(dir / name);
+    try {
+        for (const auto& s : hf_detail::shard_files(dir, nullptr)) add(dir / s);
+    } catch (const clover::error&) {
+        // No readable shard list: then no shard was read either.
+    }
+    return ids;
 }
 
 }  // namespace clover::hf

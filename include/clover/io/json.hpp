@@ -4,6 +4,7 @@
 // uses): a safetensors header is up to 100 MB of untrusted text, and we want duplicate keys and
 // absurd nesting refused with the byte offset in the message, bounded recursion, and a header
 // that costs little to compile. Every error is one clover::error naming the source.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -195,7 +196,7 @@ struct parser {
         value v;
         const char c = text[pos];
         if (c == '{' || c == '[') {
-            if (depth >= max_depth) error("nesting too deep");
+            if (depth >= max_depth) error("nesting too deep (more than " + std::to_string(max_depth) + " levels)");
             ++pos;
             if (c == '{') {
                 v.k = kind::object;
@@ -245,12 +246,17 @@ struct parser {
 
 }  // namespace detail
 
+// The deepest nesting any caller may ask for: the parser recurses once per level (and so does
+// destroying a value), so this bounds its stack use (a few hundred bytes a level).
+inline constexpr std::size_t max_depth_limit = 512;
+
 // Parses one JSON document (whitespace around it allowed, nothing else). Time is linear in the
 // text (duplicate keys are found with a hash set once an object has more than 16 keys); depth
-// is limited, so recursion is bounded; so is the number of values (memory).
+// is limited (max_depth, never more than max_depth_limit), so recursion is bounded; so is the
+// number of values (memory).
 inline value parse(std::string_view text, std::string_view source, std::size_t max_depth = 64,
                    std::size_t max_values = std::size_t(1) << 22) {
-    detail::parser p{text, source, max_depth, max_values};
+    detail::parser p{text, source, std::min(max_depth, max_depth_limit), max_values};
     value v = p.parse_value(0);
     p.skip_ws();
     if (p.pos != text.size()) p.error("trailing characters after the document");

@@ -14,25 +14,19 @@
 #include <unistd.h>
 
 #include "clover/core/error.hpp"
+#include "clover/io/regular_file.hpp"
 
 namespace clover::io {
 
 class mapped_file {
 public:
     mapped_file() = default;
+    // Only a regular file is mapped: a FIFO, device or folder is refused without blocking
+    // (io/regular_file.hpp).
     explicit mapped_file(const std::filesystem::path& path) : path_(path.string()) {
-        int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) fail(path_, ": cannot open: ", std::strerror(errno));
         struct stat st{};
-        if (::fstat(fd, &st) != 0) {
-            int e = errno;
-            ::close(fd);
-            fail(path_, ": cannot stat: ", std::strerror(e));
-        }
-        if (!S_ISREG(st.st_mode)) {
-            ::close(fd);
-            fail(path_, ": not a regular file");
-        }
+        int fd = open_regular(path, &st);
+        identity_ = {st.st_dev, st.st_ino, path_};
         size_ = static_cast<std::size_t>(st.st_size);
         if (size_ > 0) {
             void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -58,6 +52,8 @@ public:
     const std::byte* data() const { return data_; }
     std::size_t size() const { return size_; }
     const std::string& path() const { return path_; }
+    // Which file was mapped (device, inode): writers refuse to replace it.
+    const file_identity& identity() const { return identity_; }
 
     // Tells the kernel we will read these pages soon (readahead for sequential loads).
     void advise_willneed(std::size_t offset, std::size_t len) const {
@@ -77,10 +73,12 @@ private:
         std::swap(path_, o.path_);
         std::swap(data_, o.data_);
         std::swap(size_, o.size_);
+        std::swap(identity_, o.identity_);
     }
     std::string path_;
     const std::byte* data_ = nullptr;
     std::size_t size_ = 0;
+    file_identity identity_;
 };
 
 }  // namespace clover::io

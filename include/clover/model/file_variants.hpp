@@ -19,8 +19,8 @@
 // "v_heads_tiled"; and says `{arch}.gdn.v_head_order = "tiled"` whenever the order is known.
 // `clover.patch.pad` (spaces) sizes the header so tensor data keeps its offset within a page.
 // Tensors that need no change are copied byte for byte (copy_file_range: in the kernel, no
-// re-quantisation); the output is written as OUT.partial and renamed, so a failure never
-// leaves a broken OUT.
+// re-quantisation); the output goes through io::atomic_output (a fresh temporary file, fsync,
+// rename), so a failure never leaves a broken OUT, and OUT may not be IN under any name.
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "clover/core/error.hpp"
+#include "clover/io/atomic_file.hpp"
 #include "clover/io/canonical_form.hpp"
 #include "clover/io/gguf.hpp"
 #include "clover/io/gguf_writer.hpp"
@@ -386,10 +387,9 @@ inline void copy_range(int in, std::uint64_t in_off, int out, std::uint64_t out_
 inline patch_result patch_file(const std::filesystem::path& in, const std::filesystem::path& out, const patch_options& o = {}) {
     using namespace variant_detail;
     const auto t0 = std::chrono::steady_clock::now();
-    std::error_code ec;
-    if (std::filesystem::exists(out) && std::filesystem::equivalent(in, out, ec))
-        fail(out.string(), ": the output is the input file; write the patched copy elsewhere");
     const io::gguf_file f(in);
+    // Refused here, before any work, when OUT is IN under any name (io/atomic_file.hpp).
+    io::atomic_output dst(out, {f.map().identity()});
     const variant_report r = detect_variant(f);
     const patch_plan p = plan_patch(f, r, o);
     patch_result res;
@@ -418,59 +418,48 @@ inline patch_result patch_file(const std::filesystem::path& in, const std::files
     const std::vector<std::byte> head = w.header();
     const std::uint64_t total = head.size() + w.data_size();
 
-    std::filesystem::path tmp = out;
-    tmp += ".partial";
     const std::string out_s = out.string();
-    fd_guard src{::open(f.path().c_str(), O_RDONLY | O_CLOEXEC)};
-    if (src.fd < 0) fail(f.path(), ": cannot open: ", std::strerror(errno));
+    // The bytes are copied from a second descriptor: it must be the file that was parsed.
+    struct stat src_st{};
+    fd_guard src{io::open_regular(f.path(), &src_st)};
+    if (src_st.st_dev != f.map().identity().dev || src_st.st_ino != f.map().identity().ino)
+        fail(f.path(), ": the file was replaced while it was being read");
     ::posix_fadvise(src.fd, 0, 0, POSIX_FADV_SEQUENTIAL);  // a larger readahead window, as cp asks for
-    fd_guard dst{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    if (dst.fd < 0) fail(out_s, ": cannot create: ", std::strerror(errno));
-    try {
-        pwrite_all(dst.fd, head.data(), head.size(), 0, out_s);
-        std::vector<std::byte> buf;
-        const auto& ts = f.tensors();
-        const auto& os = w.tensors();
-        std::uint64_t done = head.size();
-        // 1. Runs of tensors laid out alike in both files, each one in-kernel copy. Small
-        //    tensors to be rewritten stay inside a run (overwritten below), so a file whose
-        //    layout is unchanged is copied in one call, like cp does; big rewritten ones (V-head
-        //    reorder of the projections) split runs, so their bytes are not written twice.
-        auto skip = [&](std::size_t k) { return changed[k] && ts[k].nbytes >= (std::size_t(1) << 20); };
-        for (std::size_t i = 0; i < ts.size();) {
-            if (skip(i)) { ++i; continue; }
-            std::size_t j = i + 1;
-            while (j < ts.size() && !skip(j) && ts[j].offset >= ts[i].offset && ts[j].offset - ts[i].offset == os[j].offset - os[i].offset)
-                ++j;
-            const std::uint64_t n = os[j - 1].offset + ts[j - 1].nbytes - os[i].offset;
-            copy_range(src.fd, f.data_offset() + ts[i].offset, dst.fd, head.size() + os[i].offset, n, f.path(), out_s, buf);
-            done += n;
-            if (o.progress) o.progress(done, total);
-            i = j;
-        }
-        // 2. The rewritten tensors, one at a time (bounded memory).
-        for (std::size_t i = 0; i < ts.size(); ++i) {
-            if (!changed[i]) {
-                ++res.n_copied;
-                continue;
-            }
-            f.map().advise_willneed(f.data_offset() + ts[i].offset, ts[i].nbytes);
-            const std::vector<std::byte> b = patched_bytes(f, ts[i], p, true);
-            pwrite_all(dst.fd, b.data(), b.size(), head.size() + os[i].offset, out_s);
-            ++res.n_changed;
-        }
-        if (o.progress) o.progress(total, total);
-        if (::ftruncate(dst.fd, off_t(total)) != 0) fail(out_s, ": cannot set the file size: ", std::strerror(errno));
-        const int fd = dst.fd;
-        dst.fd = -1;
-        if (::close(fd) != 0) fail(out_s, ": write failed (disk full?)");
-        std::filesystem::rename(tmp, out);
-    } catch (...) {
-        if (dst.fd >= 0) ::close(dst.fd);
-        dst.fd = -1;
-        std::filesystem::remove(tmp, ec);
-        throw;
+    pwrite_all(dst.fd(), head.data(), head.size(), 0, out_s);
+    std::vector<std::byte> buf;
+    const auto& ts = f.tensors();
+    const auto& os = w.tensors();
+    std::uint64_t done = head.size();
+    // 1. Runs of tensors laid out alike in both files, each one in-kernel copy. Small
+    //    tensors to be rewritten stay inside a run (overwritten below), so a file whose
+    //    layout is unchanged is copied in one call, like cp does; big rewritten ones (V-head
+    //    reorder of the projections) split runs, so their bytes are not written twice.
+    auto skip = [&](std::size_t k) { return changed[k] && ts[k].nbytes >= (std::size_t(1) << 20); };
+    for (std::size_t i = 0; i < ts.size();) {
+        if (skip(i)) { ++i; continue; }
+        std::size_t j = i + 1;
+        while (j < ts.size() && !skip(j) && ts[j].offset >= ts[i].offset && ts[j].offset - ts[i].offset == os[j].offset - os[i].offset)
+            ++j;
+        const std::uint64_t n = os[j - 1].offset + ts[j - 1].nbytes - os[i].offset;
+        copy_range(src.fd, f.data_offset() + ts[i].offset, dst.fd(), head.size() + os[i].offset, n, f.path(), out_s, buf);
+        done += n;
+        if (o.progress) o.progress(done, total);
+        i = j;
     }
+    // 2. The rewritten tensors, one at a time (bounded memory).
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+        if (!changed[i]) {
+            ++res.n_copied;
+            continue;
+        }
+        f.map().advise_willneed(f.data_offset() + ts[i].offset, ts[i].nbytes);
+        const std::vector<std::byte> b = patched_bytes(f, ts[i], p, true);
+        pwrite_all(dst.fd(), b.data(), b.size(), head.size() + os[i].offset, out_s);
+        ++res.n_changed;
+    }
+    if (o.progress) o.progress(total, total);
+    dst.resize(total);
+    dst.commit();
     res.bytes = total;
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return res;

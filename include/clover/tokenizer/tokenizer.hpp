@@ -24,6 +24,7 @@
 #include "clover/core/error.hpp"
 #include "clover/io/gguf.hpp"
 #include "clover/io/gguf_writer.hpp"
+#include "clover/io/regular_file.hpp"
 #include "clover/tokenizer/bpe.hpp"
 #include "clover/tokenizer/byte_level.hpp"
 #include "clover/tokenizer/nfc.hpp"
@@ -54,11 +55,11 @@ public:
     // A GGUF model (recognised by its magic) or a tokenizer.json (or a folder holding one).
     static tokenizer from_file(const std::filesystem::path& p) {
         if (std::filesystem::is_directory(p)) return from_tokenizer_json(p);
-        std::FILE* f = std::fopen(p.c_str(), "rb");
-        if (!f) fail(p.string(), ": cannot open");
+        struct stat st{};
+        const int fd = io::open_regular(p, &st);  // a FIFO is refused, not waited on
         char magic[4] = {};
-        std::size_t n = std::fread(magic, 1, 4, f);
-        std::fclose(f);
+        const ssize_t n = ::read(fd, magic, 4);
+        ::close(fd);
         if (n == 4 && std::string_view(magic, 4) == "GGUF") return from_gguf(p);
         return from_tokenizer_json(p);
     }

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "clover/core/error.hpp"
+#include "clover/io/regular_file.hpp"
 #include "clover/tokenizer/pretokenizer.hpp"
 #include "clover/tokenizer/vocab.hpp"
 
@@ -25,17 +26,22 @@ namespace tj_detail {
 
 using json = nlohmann::json;
 
-inline std::string read_file(const std::filesystem::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    if (!in) fail(p.string(), ": cannot open");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
+// Bounds on untrusted structure: JSON nesting (the DOM is built and copied recursively, so depth
+// is stack) and nested normalizer Sequences (read recursively). Real files nest a few levels.
+inline constexpr std::size_t max_json_depth = 512;
+inline constexpr int max_sequence_depth = 64;
+
+// A regular file only (a FIFO would block), at most 1 GiB.
+inline std::string read_file(const std::filesystem::path& p) { return io::read_regular_file(p, std::size_t(1) << 30); }
 
 inline json read_json(const std::filesystem::path& p) {
+    const std::string text = read_file(p);
     try {
-        return json::parse(read_file(p));
+        return json::parse(text, [](int depth, json::parse_event_t, json&) {
+            if (std::size_t(depth) > max_json_depth)
+                throw std::runtime_error("nested deeper than " + std::to_string(max_json_depth) + " levels");
+            return true;
+        });
     } catch (const std::exception& e) {
         fail(p.string(), ": not valid JSON (", e.what(), ")");
     }
@@ -122,6 +128,10 @@ private:
     }
     bool value(json v) { return place(std::move(v)) != nullptr; }
     bool open(json v) {
+        if (stack_.size() >= max_json_depth) {
+            error = "nested deeper than " + std::to_string(max_json_depth) + " levels";
+            return false;
+        }
         std::string k = stack_.empty() ? "" : (stack_.back()->is_object() ? key_ : "[]");
         json* p = place(std::move(v));
         if (!p) return false;
@@ -156,12 +166,13 @@ inline std::string token_text(const json& j, const char* key) {
     return {};
 }
 
-inline void read_normalizer(const json& n, tokenizer_spec& s) {
+inline void read_normalizer(const json& n, tokenizer_spec& s, int depth = 0) {
     if (n.is_null()) return;
     std::string type = str_or_empty(n, "type");
     if (type == "NFC") { s.nfc = true; return; }
     if (type == "Sequence" && n.contains("normalizers")) {
-        for (const auto& x : n["normalizers"]) read_normalizer(x, s);
+        if (depth >= max_sequence_depth) fail(s.source, ": normalizer Sequence nested deeper than ", max_sequence_depth, " levels");
+        for (const auto& x : n["normalizers"]) read_normalizer(x, s, depth + 1);
         return;
     }
     fail(s.source, ": normalizer '", type, "' is not supported (only NFC)");
@@ -237,14 +248,28 @@ inline tokenizer_spec read_tokenizer_json_spec(std::filesystem::path path) {
             fail(s.source, ": BPE dropout is not supported");
         s.ignore_merges = m.value("ignore_merges", false);
 
+        const json empty = json::array();
+        const json& added = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"] : empty;
+        // Ids index a table that holes are padded in: an id far beyond the entries present would
+        // make a small file cost gigabytes. Real vocabularies are dense; a few holes are allowed.
+        const std::size_t present = sax.vocab.size() + added.size();
+        const std::int64_t id_limit = std::int64_t(present + 1024 + present / 16);
+        auto check_id = [&](std::int64_t id, const std::string& what) {
+            if (id >= id_limit)
+                fail(s.source, ": ", what, " has id ", id, ", far beyond the ", present,
+                     " entries present (ids must be nearly dense: at most ", id_limit - 1, ")");
+        };
         std::int64_t max_id = -1;
         for (const auto& [tok, id] : sax.vocab) {
             if (id < 0) fail(s.source, ": model.vocab['", tok, "'] has a negative id");
+            check_id(id, "model.vocab['" + tok.substr(0, 80) + "']");
             max_id = std::max(max_id, id);
         }
-        const json empty = json::array();
-        const json& added = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"] : empty;
-        for (const auto& a : added) max_id = std::max<std::int64_t>(max_id, a.at("id").get<std::int64_t>());
+        for (const auto& a : added) {
+            const std::int64_t id = a.at("id").get<std::int64_t>();
+            check_id(id, "added token '" + a.value("content", std::string()).substr(0, 80) + "'");
+            max_id = std::max(max_id, id);
+        }
         if (max_id < 0 || max_id > 16'000'000) fail(s.source, ": implausible vocabulary size ", max_id + 1);
         std::size_t n = std::size_t(max_id + 1);
         s.tokens.assign(n, {});
@@ -276,7 +301,8 @@ inline tokenizer_spec read_tokenizer_json_spec(std::filesystem::path path) {
         s.merges = std::move(sax.merges);
 
         if (j.contains("normalizer")) tj_detail::read_normalizer(j["normalizer"], s);
-        tj_detail::read_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(), s);
+        static const json no_pre_tokenizer;  // a reference, not a copy: copying a DOM recurses
+        tj_detail::read_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : no_pre_tokenizer, s);
         if (j.contains("decoder") && !j["decoder"].is_null() && tj_detail::str_or_empty(j["decoder"], "type") != "ByteLevel")
             fail(s.source, ": decoder '", tj_detail::str_or_empty(j["decoder"], "type"), "' is not supported (ByteLevel)");
         if (s.pre == "regex") {
@@ -327,12 +353,8 @@ inline tokenizer_spec read_tokenizer_json_spec(std::filesystem::path path) {
         }
     }
     // Newer HF folders keep the template in its own file.
-    if (auto tpl = path.parent_path() / "chat_template.jinja"; s.chat_template.empty() && std::filesystem::exists(tpl)) {
-        std::ifstream in(tpl, std::ios::binary);
-        std::stringstream ss;
-        ss << in.rdbuf();
-        s.chat_template = ss.str();
-    }
+    if (auto tpl = path.parent_path() / "chat_template.jinja"; s.chat_template.empty() && std::filesystem::exists(tpl))
+        s.chat_template = tj_detail::read_file(tpl);
     if (s.add_bos && s.bos < 0) s.add_bos = false;
     return s;
 }
