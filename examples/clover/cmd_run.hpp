@@ -54,6 +54,13 @@ inline std::string bundled_model() {
          "); pass -m MODEL, or write a random-weight test model with `clover gguf synth --arch clover_moe --preset tiny -o tiny.gguf`");
 }
 
+// A tokenizer must not name rows the model lacks. More rows than tokens is how checkpoints pad
+// their vocabulary (ids past the tokenizer are refused if a model ever produces one).
+inline void check_vocab(const tokenizer& tok, const runtime_model& m) {
+    if (tok.n_vocab() > std::size_t(m.n_vocab()))
+        fail("the tokenizer has ", tok.n_vocab(), " tokens but the model only ", m.n_vocab(), " rows (token_embd): they do not belong together");
+}
+
 // Opens the model, then pages its tensor bytes in, with a progress bar on stderr.
 inline std::unique_ptr<runtime_model> load_with_progress(const std::string& path, int threads, bool quiet) {
     const std::string name = std::filesystem::path(path).filename().string();
@@ -136,6 +143,7 @@ inline void add_run_commands(CLI::App& app) {
         const std::string path = o->model.empty() ? bundled_model() : o->model;
         const tokenizer tok = tokenizer::from_file(path);
         auto m = load_with_progress(path, o->threads, o->quiet);
+        check_vocab(tok, *m);
         if (o->decoder != "ar") m->require_diffusion();
         const chat::format fmt = chat::detect_format(tok.chat_template());
 
@@ -179,7 +187,12 @@ inline void add_run_commands(CLI::App& app) {
             std::string text;
             if (opened_think) std::fputs("<think>\n", stdout);
             run_interrupts = 0;
+            std::string bad_token;
             std::function<bool(token)> cb = [&](token t) {
+                if (t < 0 || std::size_t(t) >= tok.n_vocab()) {
+                    bad_token = std::to_string(t);
+                    return false;
+                }
                 const std::string piece = sd.push(t);
                 text += piece;
                 std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -192,6 +205,8 @@ inline void add_run_commands(CLI::App& app) {
             std::fwrite(rest.data(), 1, rest.size(), stdout);
             std::fputs("\n", stdout);
             std::fflush(stdout);
+            if (!bad_token.empty())
+                fail("run: the model produced token id ", bad_token, ", which its tokenizer (", tok.n_vocab(), " tokens) has no text for");
             std::fprintf(stderr, "[%lld tokens, %lld passes, TPF %.2f, %.1f tok/s | prompt %lld tokens in %.2f s | %s, stop: %s]\n",
                          (long long)st.tokens, (long long)st.passes(), st.tokens_per_pass(),
                          st.seconds > 0 ? double(st.tokens) / st.seconds : 0.0, (long long)st.prompt_tokens, st.prompt_seconds,

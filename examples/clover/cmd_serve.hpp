@@ -5,7 +5,9 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -21,10 +23,28 @@ namespace clover::cli {
 inline std::atomic<bool> serve_stop{false};
 inline void serve_on_signal(int) { serve_stop = true; }
 
+// The key: --api-key, else the first line of --api-key-file, else $CLOVER_API_KEY (empty: none).
+// A file or the environment keep it out of `ps`.
+inline std::string api_key(const std::string& flag, const std::string& file) {
+    if (!flag.empty() && !file.empty()) fail("serve: give --api-key or --api-key-file, not both");
+    if (!flag.empty()) return flag;
+    if (!file.empty()) {
+        std::ifstream f(file);
+        if (!f) fail("serve: cannot read the API key file '", file, "'");
+        std::string key;
+        std::getline(f, key);
+        while (!key.empty() && (key.back() == '\r' || key.back() == ' ' || key.back() == '\t')) key.pop_back();
+        if (key.empty()) fail("serve: the API key file '", file, "' is empty (the key is its first line)");
+        return key;
+    }
+    const char* env = std::getenv("CLOVER_API_KEY");
+    return env ? std::string(env) : std::string();
+}
+
 inline void add_serve_commands(CLI::App& app) {
     auto* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health)");
     struct opts {
-        std::string model, alias;
+        std::string model, alias, key_file;
         int threads = 0;
         bool quiet = false;
         server::options srv;
@@ -34,14 +54,23 @@ inline void add_serve_commands(CLI::App& app) {
     c->add_option("-m,--model", o->model, std::string("GGUF model file or HF folder (default: the bundled ") + bundled_model_name + ")");
     c->add_option("--host", s.host, "address to bind (default 127.0.0.1: this machine only)");
     c->add_option("--port", s.port, "port (0: any free port)")->check(CLI::Range(0, 65535));
-    c->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1 requests");
+    c->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1 requests (visible in ps: prefer "
+                                          "--api-key-file or CLOVER_API_KEY)");
+    c->add_option("--api-key-file", o->key_file, "read the API key from the first line of this file");
+    c->add_option("--cors", s.cors_origins, "allow browser pages from this origin (e.g. http://localhost:3000; '*': any); repeatable")
+        ->allow_extra_args(false);
+    c->add_option("--allow-host", s.allowed_hosts, "accept this Host name too (a reverse proxy's) when bound to loopback; repeatable")
+        ->allow_extra_args(false);
     c->add_option("-a,--alias", o->alias, "model name served in /v1/models (default: the file name)");
     c->add_option("-c,--ctx-size", s.ctx, "context per request (prompt + answer)")->check(CLI::Range(16LL, 1LL << 24));
     c->add_option("--max-tokens", s.max_tokens_limit, "largest max_tokens a request may ask for")->check(CLI::Range(1LL, 1LL << 24));
     c->add_option("-n,--n-predict", s.default_max_tokens, "max_tokens when a request gives none")->check(CLI::Range(1LL, 1LL << 24));
     c->add_option("--max-body", s.max_body_bytes, "largest request body in bytes")->check(CLI::Range(std::size_t(1024), std::size_t(1) << 30));
     c->add_option("--max-queue", s.max_queue, "requests that may wait for the model (more get 503)")->check(CLI::Range(std::size_t(1), std::size_t(1) << 20));
-    c->add_option("--http-threads", s.http_threads, "connections served at once")->check(CLI::Range(2, 4096));
+    c->add_option("--http-threads", s.http_threads, "requests served at once (a quarter kept for /health and other short ones)")
+        ->check(CLI::Range(2, 4096));
+    c->add_option("--max-connections", s.max_connections, "open connections at once (more get 503)")->check(CLI::Range(1, 1 << 20));
+    c->add_option("--read-timeout", s.read_timeout_s, "seconds a request's headers and body may take to arrive")->check(CLI::Range(1, 3600));
     c->add_option("--decoder", s.decoder, "default decoder: ar | diffusion | speculative")->check(CLI::IsMember({"ar", "diffusion", "speculative"}));
     c->add_option("--block", s.block, "default diffusion block size")->check(CLI::Range(1LL, 1024LL));
     c->add_option("--threshold", s.threshold, "default diffusion confidence threshold")->check(CLI::Range(0.0f, 1.0f));
@@ -55,12 +84,14 @@ inline void add_serve_commands(CLI::App& app) {
     c->add_option("-t,--threads", o->threads, "model threads (0: all)");
     c->callback([o] {
         const std::string path = o->model.empty() ? bundled_model() : o->model;
+        o->srv.api_key = api_key(o->srv.api_key, o->key_file);
         if (o->srv.decoder == "speculative" && o->srv.block < 2) fail("serve: --block must be at least 2 for the speculative decoder");
         if (o->srv.max_tokens_limit > o->srv.ctx) o->srv.max_tokens_limit = o->srv.ctx;
         o->srv.default_max_tokens = std::min(o->srv.default_max_tokens, o->srv.max_tokens_limit);
         o->srv.model_id = o->alias.empty() ? std::filesystem::path(path).filename().replace_extension().string() : o->alias;
         const tokenizer tok = tokenizer::from_file(path);
         auto m = load_with_progress(path, o->threads, o->quiet);
+        check_vocab(tok, *m);
         server::server srv(*m, tok, o->srv);
         const int port = srv.start();
         const bool local = o->srv.host == "127.0.0.1" || o->srv.host == "localhost" || o->srv.host == "::1";

@@ -12,12 +12,50 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
+
+#include "clover/core/error.hpp"
 
 namespace clover::chat {
 
 using json = nlohmann::ordered_json;
+
+// How deep JSON from outside (request bodies, tool arguments, model output) may nest. nlohmann's
+// parser keeps its own stack, but copying, comparing and printing a value recurse once per
+// level: a 4 MiB body can nest two million levels, far past any thread's stack. So text is
+// measured before a value is built from it, and nothing deeper than this is ever built.
+inline constexpr std::size_t max_json_depth = 512;
+
+// The deepest nesting of arrays and objects in JSON text (string contents skipped), one pass
+// without recursion; counting stops once it passes `limit`. Exact for valid JSON; for invalid
+// text the parser that follows reports the error.
+inline std::size_t json_nesting(std::string_view text, std::size_t limit = max_json_depth) {
+    std::size_t depth = 0, deepest = 0;
+    bool in_string = false;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\') ++i;
+            else if (c == '"') in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > deepest && (deepest = depth) > limit) return deepest;
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            --depth;
+        }
+    }
+    return deepest;
+}
+
+// json::parse for text from outside: clover::error when it nests deeper than max_depth
+// (nlohmann's parse_error for malformed text, as json::parse).
+inline json parse_json(std::string_view text, std::size_t max_depth = max_json_depth) {
+    if (json_nesting(text, max_depth) > max_depth) fail("JSON nested deeper than ", max_depth, " levels");
+    return json::parse(text);
+}
 
 namespace json_detail {
 
@@ -69,7 +107,8 @@ inline std::string float_text(double d) {
     return s;
 }
 
-inline void dump(const json& j, std::string& out) {
+inline void dump(const json& j, std::string& out, std::size_t depth = 0) {
+    if (depth > max_json_depth) fail("chat: JSON nested deeper than ", max_json_depth, " levels");
     switch (j.type()) {
     case json::value_t::null: out += "null"; break;
     case json::value_t::boolean: out += j.get<bool>() ? "true" : "false"; break;
@@ -83,7 +122,7 @@ inline void dump(const json& j, std::string& out) {
         for (const auto& x : j) {
             if (!first) out += ", ";
             first = false;
-            dump(x, out);
+            dump(x, out, depth + 1);
         }
         out += ']';
         break;
@@ -96,7 +135,7 @@ inline void dump(const json& j, std::string& out) {
             first = false;
             quote(it.key(), out);
             out += ": ";
-            dump(it.value(), out);
+            dump(it.value(), out, depth + 1);
         }
         out += '}';
         break;

@@ -91,7 +91,7 @@ inline const json* param_schema(const json* tools, const std::string& fn, const 
 inline json typed_value(const std::string& raw, const json* schema) {
     auto as_json = [&]() -> std::optional<json> {
         try {
-            return json::parse(raw);
+            return parse_json(raw);
         } catch (const std::exception&) {
             return std::nullopt;
         }
@@ -132,7 +132,7 @@ inline std::optional<tool_call> read_call(std::string_view body, const json* too
     if (b.starts_with("{")) {
         json j;
         try {
-            j = json::parse(b);
+            j = parse_json(b);
         } catch (const std::exception&) {
             return std::nullopt;
         }
@@ -143,7 +143,7 @@ inline std::optional<tool_call> read_call(std::string_view body, const json* too
             c.arguments = j[key];
             if (c.arguments.is_string()) {
                 try {
-                    json a = json::parse(c.arguments.get<std::string>());
+                    json a = parse_json(c.arguments.get<std::string>());
                     if (a.is_object()) c.arguments = a;
                 } catch (const std::exception&) {
                 }
@@ -235,7 +235,11 @@ private:
             pending_ += text;
             if (final_piece) {
                 auto t = parse_detail::trim_ws(pending_);
-                if (!t.empty()) emit(ev, kind::content, (res_.content.empty() ? "" : "\n") + std::string(t));
+                if (!t.empty()) {
+                    std::string piece(res_.content.empty() ? "" : "\n");  // (not "" + string: a GCC 12 -Wrestrict false alarm)
+                    piece += t;
+                    emit(ev, kind::content, std::move(piece));
+                }
                 pending_.clear();
             }
             return;

@@ -24,6 +24,14 @@
 
 namespace clover::chat {
 
+// A rendered prompt: the text, and where in it the template's own text lies (byte ranges
+// [template_bounds[2k], template_bounds[2k+1]), sorted). Everything else came from the
+// messages and tools, i.e. from whoever sent them.
+struct rendered {
+    std::string text;
+    std::vector<std::size_t> template_bounds;
+};
+
 struct render_options {
     bool add_generation_prompt = true;
     bool enable_thinking = true;
@@ -85,7 +93,9 @@ inline std::size_t last_query_index(std::span<const message> msgs, bool trimmed,
 inline const json& tool_arguments_object(const tool_call& c, json& parsed) {
     if (!c.arguments.is_string()) return c.arguments;
     try {
-        parsed = json::parse(c.arguments.get<std::string>());
+        parsed = parse_json(c.arguments.get<std::string>());
+    } catch (const clover::error& e) {
+        fail("chat: the arguments of tool call '", c.name, "': ", e.what());
     } catch (const std::exception&) {
         fail("chat: the arguments of tool call '", c.name, "' are a string that is not JSON");
     }
@@ -98,20 +108,36 @@ inline void check_roles(std::span<const message> msgs) {
             fail("chat: unknown message role '", m.role, "' (system, user, assistant, tool)");
 }
 
-inline std::string render_qwen3(std::span<const message> msgs, const render_options& o) {
-    std::string out;
+// The prompt in the making: t() appends the template's own text, c() text that came with the
+// conversation (contents, reasoning, tool names, arguments and definitions). Only t() text
+// may hold control tokens.
+struct builder {
+    rendered r;
+    void t(std::string_view s) {
+        if (s.empty()) return;
+        if (!r.template_bounds.empty() && r.template_bounds.back() == r.text.size()) r.template_bounds.back() += s.size();
+        else { r.template_bounds.push_back(r.text.size()); r.template_bounds.push_back(r.text.size() + s.size()); }
+        r.text += s;
+    }
+    void c(std::string_view s) { r.text += s; }
+};
+
+inline rendered render_qwen3(std::span<const message> msgs, const render_options& o) {
+    builder p;
     const bool has_tools = o.tools.is_array() && !o.tools.empty();
     if (has_tools) {
-        out += "<|im_start|>system\n";
-        if (!msgs.empty() && msgs[0].role == "system") out += msgs[0].content + "\n\n";
-        out += "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-               "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
-        for (const auto& t : o.tools) out += "\n" + tojson(t);
-        out += "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-               "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-               "<args-json-object>}\n</tool_call><|im_end|>\n";
+        p.t("<|im_start|>system\n");
+        if (!msgs.empty() && msgs[0].role == "system") { p.c(msgs[0].content); p.t("\n\n"); }
+        p.t("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+        for (const auto& t : o.tools) { p.t("\n"); p.c(tojson(t)); }
+        p.t("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+            "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+            "<args-json-object>}\n</tool_call><|im_end|>\n");
     } else if (!msgs.empty() && msgs[0].role == "system") {
-        out += "<|im_start|>system\n" + msgs[0].content + "<|im_end|>\n";
+        p.t("<|im_start|>system\n");
+        p.c(msgs[0].content);
+        p.t("<|im_end|>\n");
     }
     bool found = false;
     const std::size_t last_query = msgs.empty() ? 0 : last_query_index(msgs, false, found);
@@ -119,35 +145,45 @@ inline std::string render_qwen3(std::span<const message> msgs, const render_opti
         const message& m = msgs[i];
         const bool last = i + 1 == msgs.size();
         if (m.role == "user" || (m.role == "system" && i != 0)) {
-            out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+            p.t("<|im_start|>" + m.role + "\n");
+            p.c(m.content);
+            p.t("<|im_end|>\n");
         } else if (m.role == "assistant") {
             std::string content = m.content, reasoning;
             if (m.reasoning_content) reasoning = *m.reasoning_content;
             else if (content.find("</think>") != std::string::npos) std::tie(reasoning, content) = split_think(m.content);
-            if (i > last_query && (last || !reasoning.empty()))
-                out += "<|im_start|>assistant\n<think>\n" + std::string(strip_nl(reasoning)) + "\n</think>\n\n" +
-                       std::string(lstrip_nl(content));
-            else
-                out += "<|im_start|>assistant\n" + content;
+            if (i > last_query && (last || !reasoning.empty())) {
+                p.t("<|im_start|>assistant\n<think>\n");
+                p.c(strip_nl(reasoning));
+                p.t("\n</think>\n\n");
+                p.c(lstrip_nl(content));
+            } else {
+                p.t("<|im_start|>assistant\n");
+                p.c(content);
+            }
             for (std::size_t k = 0; k < m.tool_calls.size(); ++k) {
                 const tool_call& c = m.tool_calls[k];
-                if ((k == 0 && !content.empty()) || k > 0) out += "\n";
-                out += "<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": ";
-                out += c.arguments.is_string() ? c.arguments.get<std::string>() : tojson(c.arguments);
-                out += "}\n</tool_call>";
+                if ((k == 0 && !content.empty()) || k > 0) p.t("\n");
+                p.t("<tool_call>\n{\"name\": \"");
+                p.c(c.name);
+                p.t("\", \"arguments\": ");
+                p.c(c.arguments.is_string() ? c.arguments.get<std::string>() : tojson(c.arguments));
+                p.t("}\n</tool_call>");
             }
-            out += "<|im_end|>\n";
+            p.t("<|im_end|>\n");
         } else if (m.role == "tool") {
-            if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
-            out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
-            if (last || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+            if (i == 0 || msgs[i - 1].role != "tool") p.t("<|im_start|>user");
+            p.t("\n<tool_response>\n");
+            p.c(m.content);
+            p.t("\n</tool_response>");
+            if (last || msgs[i + 1].role != "tool") p.t("<|im_end|>\n");
         }
     }
     if (o.add_generation_prompt) {
-        out += "<|im_start|>assistant\n";
-        if (!o.enable_thinking) out += "<think>\n\n</think>\n\n";
+        p.t("<|im_start|>assistant\n");
+        if (!o.enable_thinking) p.t("<think>\n\n</think>\n\n");
     }
-    return out;
+    return std::move(p.r);
 }
 
 inline constexpr std::string_view qwen35_tool_instructions =
@@ -160,20 +196,22 @@ inline constexpr std::string_view qwen35_tool_instructions =
     "language BEFORE the function call, but NOT after\n- If there is no function call available, answer the question "
     "like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>";
 
-inline std::string render_qwen35(std::span<const message> msgs, const render_options& o) {
+inline rendered render_qwen35(std::span<const message> msgs, const render_options& o) {
     if (msgs.empty()) fail("chat: no messages");
-    std::string out;
+    builder p;
     const bool has_tools = o.tools.is_array() && !o.tools.empty();
     if (has_tools) {
-        out += "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>";
-        for (const auto& t : o.tools) out += "\n" + tojson(t);
-        out += "\n</tools>";
-        out += qwen35_tool_instructions;
+        p.t("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>");
+        for (const auto& t : o.tools) { p.t("\n"); p.c(tojson(t)); }
+        p.t("\n</tools>");
+        p.t(qwen35_tool_instructions);
         if (msgs[0].role == "system")
-            if (auto c = trim(msgs[0].content); !c.empty()) out += "\n\n" + std::string(c);
-        out += "<|im_end|>\n";
+            if (auto c = trim(msgs[0].content); !c.empty()) { p.t("\n\n"); p.c(c); }
+        p.t("<|im_end|>\n");
     } else if (msgs[0].role == "system") {
-        out += "<|im_start|>system\n" + std::string(trim(msgs[0].content)) + "<|im_end|>\n";
+        p.t("<|im_start|>system\n");
+        p.c(trim(msgs[0].content));
+        p.t("<|im_end|>\n");
     }
     bool found = false;
     const std::size_t last_query = last_query_index(msgs, true, found);
@@ -185,51 +223,74 @@ inline std::string render_qwen35(std::span<const message> msgs, const render_opt
         if (m.role == "system") {
             if (i != 0) fail("chat: a system message must come first");
         } else if (m.role == "user") {
-            out += "<|im_start|>user\n" + content + "<|im_end|>\n";
+            p.t("<|im_start|>user\n");
+            p.c(content);
+            p.t("<|im_end|>\n");
         } else if (m.role == "assistant") {
             std::string reasoning;
             if (m.reasoning_content) reasoning = *m.reasoning_content;
             else if (content.find("</think>") != std::string::npos) std::tie(reasoning, content) = split_think(std::string(content));
             reasoning = std::string(trim(reasoning));
-            if (i > last_query) out += "<|im_start|>assistant\n<think>\n" + reasoning + "\n</think>\n\n" + content;
-            else out += "<|im_start|>assistant\n" + content;
+            if (i > last_query) {
+                p.t("<|im_start|>assistant\n<think>\n");
+                p.c(reasoning);
+                p.t("\n</think>\n\n");
+                p.c(content);
+            } else {
+                p.t("<|im_start|>assistant\n");
+                p.c(content);
+            }
             for (std::size_t k = 0; k < m.tool_calls.size(); ++k) {
                 const tool_call& c = m.tool_calls[k];
-                if (k == 0) out += trim(content).empty() ? "<tool_call>\n<function=" : "\n\n<tool_call>\n<function=";
-                else out += "\n<tool_call>\n<function=";
-                out += c.name + ">\n";
+                if (k == 0) p.t(trim(content).empty() ? "<tool_call>\n<function=" : "\n\n<tool_call>\n<function=");
+                else p.t("\n<tool_call>\n<function=");
+                p.c(c.name);
+                p.t(">\n");
                 json parsed;
                 const json& args = tool_arguments_object(c, parsed);
                 if (!args.is_object() && !args.is_null())
                     fail("chat: the arguments of tool call '", c.name, "' must be an object");
                 if (args.is_object())
                     for (auto it = args.begin(); it != args.end(); ++it) {
-                        out += "<parameter=" + it.key() + ">\n";
-                        out += (it.value().is_object() || it.value().is_array()) ? tojson(it.value()) : python_str(it.value());
-                        out += "\n</parameter>\n";
+                        p.t("<parameter=");
+                        p.c(it.key());
+                        p.t(">\n");
+                        p.c((it.value().is_object() || it.value().is_array()) ? tojson(it.value()) : python_str(it.value()));
+                        p.t("\n</parameter>\n");
                     }
-                out += "</function>\n</tool_call>";
+                p.t("</function>\n</tool_call>");
             }
-            out += "<|im_end|>\n";
+            p.t("<|im_end|>\n");
         } else if (m.role == "tool") {
-            if (i > 0 && msgs[i - 1].role != "tool") out += "<|im_start|>user";
-            out += "\n<tool_response>\n" + content + "\n</tool_response>";
-            if (last || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+            if (i > 0 && msgs[i - 1].role != "tool") p.t("<|im_start|>user");
+            p.t("\n<tool_response>\n");
+            p.c(content);
+            p.t("\n</tool_response>");
+            if (last || msgs[i + 1].role != "tool") p.t("<|im_end|>\n");
         }
     }
     if (o.add_generation_prompt) {
-        out += "<|im_start|>assistant\n";
-        out += o.enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n";
+        p.t("<|im_start|>assistant\n");
+        p.t(o.enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n");
     }
-    return out;
+    return std::move(p.r);
 }
 
 }  // namespace render_detail
 
-inline std::string render(format f, std::span<const message> msgs, const render_options& o = {}) {
+// The prompt text with the template's own text marked: tokenize it with
+// tokenizer::encode_marked(r.text, r.template_bounds) so that control tokens are read only
+// there, never in what the conversation brought in.
+inline rendered render_marked(format f, std::span<const message> msgs, const render_options& o = {}) {
     render_detail::check_roles(msgs);
     if (!o.tools.is_array() && !o.tools.is_null()) fail("chat: \"tools\" must be an array");
     return f == format::qwen3 ? render_detail::render_qwen3(msgs, o) : render_detail::render_qwen35(msgs, o);
+}
+inline rendered render_marked(format f, const std::vector<message>& msgs, const render_options& o = {}) {
+    return render_marked(f, std::span<const message>(msgs), o);
+}
+inline std::string render(format f, std::span<const message> msgs, const render_options& o = {}) {
+    return render_marked(f, msgs, o).text;
 }
 inline std::string render(format f, const std::vector<message>& msgs, const render_options& o = {}) {
     return render(f, std::span<const message>(msgs), o);

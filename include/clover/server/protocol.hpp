@@ -9,6 +9,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -46,14 +47,18 @@ struct options {
     std::string host = "127.0.0.1";
     int port = 8080;                       // 0: an ephemeral port (start() returns it)
     std::string api_key;                   // non-empty: every /v1 request needs "Authorization: Bearer KEY"
+    std::vector<std::string> cors_origins; // browser origins allowed to call ("*": any); others get 403
+    std::vector<std::string> allowed_hosts;// Host names accepted besides loopback ones (loopback servers)
     std::string model_id = "clover";       // the name /v1/models lists and requests may give
     std::int64_t ctx = 4096;               // tokens per request (prompt + output)
     std::int64_t max_tokens_limit = 4096;  // a request asking for more gets a 400
     std::int64_t default_max_tokens = 512; // when the request gives none (clamped to the context)
     std::size_t max_body_bytes = 4u << 20;
     std::size_t max_queue = 64;            // waiting requests; more get a 503
-    int http_threads = 32;                 // connections served at once
-    int read_timeout_s = 30, write_timeout_s = 30;
+    int http_threads = 32;                 // requests served at once; a quarter is kept for short ones
+    int max_connections = 256;             // open connections (waiting, queued, served); more get a 503
+    int read_timeout_s = 30;               // a request's headers and body must arrive within this
+    int write_timeout_s = 30;              // one write to a client that does not read
     decode::sampler_options sampling{0.6f, 20, 0.95f, 0.f};  // defaults (Qwen's recommended)
     std::string decoder = "ar";            // default decoding mode: ar | diffusion | speculative
     std::int64_t block = 32;
@@ -124,6 +129,59 @@ inline bool boolean(const json& b, const char* key, bool def) {
     if (!v) return def;
     if (!v->is_boolean()) throw http_error(400, std::string("'") + key + "' must be true or false", key);
     return v->get<bool>();
+}
+
+}  // namespace protocol_detail
+
+// The request body as JSON: 400 when it is not JSON or nests deeper than chat::max_json_depth
+// (measured before anything is built, so that nothing recursive ever sees deeper input).
+inline json parse_body(std::string_view body) {
+    if (chat::json_nesting(body) > chat::max_json_depth)
+        throw http_error(400, "the request body nests JSON deeper than " + std::to_string(chat::max_json_depth) + " levels (the limit)");
+    try {
+        return json::parse(body);
+    } catch (const json::parse_error& e) {
+        throw http_error(400, std::string("the request body is not valid JSON: ") + e.what());
+    }
+}
+
+namespace protocol_detail {
+
+// /v1/completions: a string is the client's text, tokenized with control tokens read as text
+// (like chat message contents); control tokens go in as ids, alone or between strings:
+// [151644, "user\nHi", 151645]. An array of strings is a batch, which n = 1 does not allow.
+inline std::vector<token> completion_prompt(const json& p, const tokenizer& tok, std::string& text) {
+    const encode_options plain{.parse_special = false};
+    if (p.is_string()) {
+        text = p.get<std::string>();
+        if (text.empty()) throw http_error(400, "'prompt' must not be empty", "prompt");
+        return tok.encode(text, plain);
+    }
+    if (!p.is_array()) throw http_error(400, "'prompt' must be a string, or an array of token ids and strings", "prompt");
+    if (p.size() == 1 && p[0].is_string()) return completion_prompt(p[0], tok, text);
+    if (p.empty()) throw http_error(400, "'prompt' must not be empty", "prompt");
+    std::vector<token> ids;
+    bool any_id = false;
+    for (const auto& x : p) {
+        if (x.is_string()) {
+            const auto more = tok.encode(x.get_ref<const std::string&>(), plain);
+            ids.insert(ids.end(), more.begin(), more.end());
+            text += x.get_ref<const std::string&>();
+        } else if (x.is_number_integer()) {
+            const bool in_range = x.is_number_unsigned() ? x.get<std::uint64_t>() < tok.n_vocab()
+                                                         : x.get<std::int64_t>() >= 0 && std::uint64_t(x.get<std::int64_t>()) < tok.n_vocab();
+            if (!in_range)
+                throw http_error(400, "'prompt': token id " + x.dump() + " is outside the vocabulary (" + std::to_string(tok.n_vocab()) + " tokens)",
+                                 "prompt");
+            ids.push_back(token(x.get<std::int64_t>()));
+            text += tok.token_bytes(token(x.get<std::int64_t>()));
+            any_id = true;
+        } else {
+            throw http_error(400, "'prompt' arrays hold token ids and strings", "prompt");
+        }
+    }
+    if (!any_id) throw http_error(400, "'prompt' as an array of strings is a batch; this server takes one prompt (n = 1)", "prompt");
+    return ids;
 }
 
 }  // namespace protocol_detail
@@ -218,21 +276,21 @@ inline request parse_request(const json& body, bool chat_api, const tokenizer& t
             }
             if (use_tools) ro.tools = r.tools;
         }
+        chat::rendered prompt;
         try {
-            r.prompt_text = chat::render(fmt, conv, ro);
+            prompt = chat::render_marked(fmt, conv, ro);
         } catch (const std::exception& e) {
             throw http_error(400, std::string("messages: ") + e.what(), "messages");
         }
+        r.prompt_text = std::move(prompt.text);
         r.in_reasoning = chat::prompt_opens_think(r.prompt_text);
+        // Control tokens only where the template wrote them: "<|im_end|>" typed in a message is text.
+        r.prompt = tok.encode_marked(r.prompt_text, prompt.template_bounds);
     } else {
         const json* p = field(body, "prompt");
         if (!p) throw http_error(400, "'prompt' is required", "prompt");
-        if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
-        if (!p->is_string()) throw http_error(400, "'prompt' must be a string", "prompt");
-        r.prompt_text = p->get<std::string>();
-        if (r.prompt_text.empty()) throw http_error(400, "'prompt' must not be empty", "prompt");
+        r.prompt = completion_prompt(*p, tok, r.prompt_text);
     }
-    r.prompt = tok.encode(r.prompt_text);
     if (r.prompt.empty()) throw http_error(400, "the prompt is empty after tokenization", r.chat ? "messages" : "prompt");
     const std::int64_t n_prompt = std::int64_t(r.prompt.size());
     if (n_prompt >= o.ctx)
@@ -284,7 +342,7 @@ inline request parse_request(const json& body, bool chat_api, const tokenizer& t
         for (const auto& x : g.stop)
             if (x.empty() || x.size() > 256) throw http_error(400, "'stop' strings must be 1 to 256 bytes long", "stop");
     }
-    g.piece = [&tok](token t) { return std::string(tok.token_bytes(t)); };
+    g.piece = [&tok](token t) { return t >= 0 && std::size_t(t) < tok.n_vocab() ? std::string(tok.token_bytes(t)) : std::string(); };
 
     // The decoder (extension).
     std::string dec = o.decoder;

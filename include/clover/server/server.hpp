@@ -7,17 +7,26 @@
 //   srv.stop();
 //
 // Endpoints: POST /v1/chat/completions, POST /v1/completions (each streaming as SSE or not),
-// GET /v1/models, GET /health. HTTP connections are served by a thread pool; generations run
-// one at a time on a single model thread that takes requests from a FIFO queue, so outputs
-// never mix and each request sees the model alone. A streaming client that goes away is
-// noticed at the next write (tokens, or keep-alive comments while it waits in the queue) and
-// its generation is cancelled: the token callback returns false and the model moves on.
+// GET /v1/models, GET /health. Connections pass the gate (guard.hpp: headers complete within
+// the request timeout, bounded connections, a bounded pool); a quarter of the pool is kept
+// for requests other than completions, so /health answers while completions wait. Before a
+// handler runs, every request passes the trust checks (trust.hpp: Host, Origin/CORS, API key)
+// and the body checks (no Content-Encoding, a length or chunks, at most max_body_bytes, counted
+// as it is read, JSON at most 512 levels deep). Generations run one at a time on a single model
+// thread that takes requests from a FIFO queue, so outputs never mix and each request sees the
+// model alone. A client that goes away is noticed (streaming: at the next write, tokens or
+// keep-alive comments while it waits; otherwise by looking at its socket while waiting) and its
+// generation is cancelled: the token callback returns false and the model moves on.
+//
+// Every error answer is JSON made with error_handler_t::replace: a path, header or message with
+// bytes that are not UTF-8 cannot make a dump() throw.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
 #include <cstdint>
 #include <ctime>
+#include <algorithm>
 #include <deque>
 #include <filesystem>
 #include <memory>
@@ -29,10 +38,11 @@
 #include "clover/server/protocol.hpp"
 #include "clover/server/response.hpp"
 #include "clover/server/sse.hpp"
+#include "clover/server/trust.hpp"
 
 // After the library's headers: httplib pulls in <resolv.h>, whose `_res` macro breaks Eigen's
 // templates when they come later.
-#include <httplib.h>
+#include "clover/server/guard.hpp"
 
 namespace clover::server {
 
@@ -55,6 +65,17 @@ public:
         if (opt_.ctx < 2) fail("serve: the context must hold at least 2 tokens");
         if (opt_.decoder != "ar" && !mi_.diffusion_unavailable.empty())
             fail("serve: decoder '", opt_.decoder, "' needs block diffusion, which this model cannot run: ", mi_.diffusion_unavailable);
+        // Prompt ids must be rows of the model. More rows than tokens is how checkpoints pad
+        // their vocabulary; the worker refuses an id past the tokenizer if one is ever produced.
+        if (tok_.n_vocab() > std::size_t(m.n_vocab()))
+            fail("serve: the tokenizer has ", tok_.n_vocab(), " tokens but the model only ", m.n_vocab(),
+                 " rows (token_embd): they do not belong together");
+        if (opt_.http_threads < 2) fail("serve: at least 2 HTTP threads are needed");
+        slots_ = opt_.http_threads - std::max(1, opt_.http_threads / 4);
+        policy_.api_key = opt_.api_key;
+        policy_.cors_origins = opt_.cors_origins;
+        policy_.allowed_hosts = opt_.allowed_hosts;
+        policy_.loopback = is_loopback_name(host_name(opt_.host));
     }
     basic_server(const basic_server&) = delete;
     ~basic_server() { stop(); }
@@ -66,7 +87,12 @@ public:
     int start() {
         if (svr_) return port_;
         std::signal(SIGPIPE, SIG_IGN);  // a client that went away must not kill the process
-        svr_ = std::make_unique<httplib::Server>();
+        gate_options g;
+        g.threads = opt_.http_threads;
+        g.max_connections = std::size_t(std::max(1, opt_.max_connections));
+        g.request_timeout = g.read_timeout = std::chrono::seconds(std::max(1, opt_.read_timeout_s));
+        g.write_timeout = std::chrono::seconds(std::max(1, opt_.write_timeout_s));
+        svr_ = std::make_unique<gated_server>(g);
         configure(*svr_);
         port_ = opt_.port == 0 ? svr_->bind_to_any_port(opt_.host) : (svr_->bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
         if (port_ <= 0) {
@@ -209,6 +235,11 @@ private:
                 auto s = model_.new_session({.ctx = j->req.ctx});
                 std::function<bool(token)> cb = [&](token t) {
                     if (j->cancel || stopping_) return false;
+                    if (t < 0 || std::size_t(t) >= tok_.n_vocab()) {
+                        error = "the model produced token id " + std::to_string(t) + ", which its tokenizer (" +
+                                std::to_string(tok_.n_vocab()) + " tokens) has no text for";
+                        return false;
+                    }
                     {
                         std::lock_guard lk(j->mu);
                         j->tokens.push_back(t);
@@ -236,35 +267,143 @@ private:
         }
     }
 
-    void reply_error(httplib::Response& res, int status, const std::string& msg, const std::string& type = {},
-                     const std::string& param = {}) {
+    static std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+    static void reply_error(httplib::Response& res, int status, const std::string& msg, const std::string& type = {},
+                            const std::string& param = {}) {
         res.status = status;
-        res.set_content(error_body(status, msg, type, param).dump(), "application/json");
+        res.set_content(dump(error_body(status, msg, type, param)), "application/json");
+    }
+
+    bool is_route(const std::string& method, const std::string& path) const {
+        static const char* posts[] = {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"};
+        if (method == "POST") return std::any_of(std::begin(posts), std::end(posts), [&](const char* p) { return path == p; });
+        return true;  // GET and HEAD: httplib's router answers 404 itself, with nothing to read
+    }
+
+    // Before routing, and before any body is read: method, Host, Origin/CORS, body framing,
+    // API key. Handled: the answer is in `res`.
+    httplib::Server::HandlerResponse admit(const httplib::Request& req, httplib::Response& res) {
+        using R = httplib::Server::HandlerResponse;
+        const std::string& m = req.method;
+        if (m != "GET" && m != "HEAD" && m != "POST" && m != "OPTIONS") {
+            res.set_header("Allow", "GET, HEAD, POST, OPTIONS");
+            reply_error(res, 405, "method " + m + " is not allowed (GET, POST, OPTIONS)");
+            return R::Handled;
+        }
+        const std::string host = req.get_header_value("Host");
+        if (!policy_.host_ok(host))
+            return reply_error(res, 403, "Host '" + host + "' is not this server (a DNS-rebinding page?); a reverse proxy's name "
+                                         "can be allowed with --allow-host NAME", "permission_error"), R::Handled;
+        const std::string origin = req.get_header_value("Origin");
+        const auto kind = policy_.origin(origin, host);
+        if (kind == access_policy::origin_kind::refused)
+            return reply_error(res, 403, "cross-origin request from '" + origin + "' refused; allow it with --cors " + origin,
+                               "permission_error"), R::Handled;
+        if (kind == access_policy::origin_kind::allowed) {
+            res.set_header("Access-Control-Allow-Origin", policy_.any_origin() ? std::string("*") : origin);
+            res.set_header("Vary", "Origin");
+        }
+        if (m == "OPTIONS") {  // a CORS preflight (or a plain OPTIONS): never needs the key
+            res.status = 204;
+            res.set_header("Allow", "GET, HEAD, POST, OPTIONS");
+            if (kind == access_policy::origin_kind::allowed) {
+                res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+                const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+                res.set_header("Access-Control-Allow-Headers", asked.empty() ? "authorization, content-type, x-api-key" : asked);
+                res.set_header("Access-Control-Max-Age", "600");
+            }
+            return R::Handled;
+        }
+        if (m == "POST") {
+            if (!is_route(m, req.path)) return reply_error(res, 404, "no such endpoint: POST " + req.path), R::Handled;
+            const std::string enc = lower(req.get_header_value("Content-Encoding"));
+            if (!enc.empty() && enc != "identity")
+                return reply_error(res, 415, "Content-Encoding '" + enc + "' is not accepted: send the body uncompressed"), R::Handled;
+            if (lower(req.get_header_value("Content-Type")).starts_with("multipart/"))
+                return reply_error(res, 415, "multipart bodies are not accepted: send JSON"), R::Handled;
+            const std::string te = lower(req.get_header_value("Transfer-Encoding"));
+            if (!te.empty() && te != "chunked")
+                return reply_error(res, 501, "Transfer-Encoding '" + te + "' is not supported (chunked is)"), R::Handled;
+            if (te.empty()) {
+                if (!req.has_header("Content-Length"))
+                    return reply_error(res, 411, "a request body needs a Content-Length (or chunked transfer encoding)"), R::Handled;
+                const std::string len = req.get_header_value("Content-Length");
+                if (len.empty() || len.size() > 18 || !std::all_of(len.begin(), len.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+                    std::stoull(len) > opt_.max_body_bytes)
+                    return reply_error(res, 413, body_too_large()), R::Handled;
+            }
+        }
+        if (req.path != "/health" && req.path != "/v1/health" &&
+            !policy_.key_ok(req.get_header_value("Authorization"), req.get_header_value("X-Api-Key")))
+            return reply_error(res, 401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                               "authentication_error"), R::Handled;
+        return R::Unhandled;
+    }
+    std::string body_too_large() const { return "the request body is larger than " + std::to_string(opt_.max_body_bytes) + " bytes"; }
+
+    // The body, counted as it arrives (chunked and length-less bodies too), within the
+    // request's deadline. False: the answer is in `res`.
+    bool read_body(const httplib::ContentReader& reader, httplib::Response& res, std::string& body) {
+        const auto deadline = gated_server::request_deadline();
+        int refuse = 0;
+        const bool ok = reader([&](const char* d, std::size_t n) {
+            if (body.size() + n > opt_.max_body_bytes) refuse = 413;
+            else if (std::chrono::steady_clock::now() > deadline) refuse = 408;
+            else body.append(d, n);
+            return refuse == 0;
+        });
+        const socket_stream* strm = gated_server::current();
+        if (refuse == 413) reply_error(res, 413, body_too_large());
+        else if (refuse == 408 || (!ok && strm && strm->deadline_passed()))
+            reply_error(res, 408, "the request body did not arrive within " + std::to_string(opt_.read_timeout_s) + " s");
+        else if (!ok) reply_error(res, 400, "the request body could not be read (malformed chunks, or the client went away)");
+        return ok && refuse == 0;
+    }
+
+    // Completions in flight (reading, waiting, generating or streaming), at most slots_: the
+    // rest of the pool stays free for /health, /v1/models and quick refusals.
+    struct slot {
+        explicit slot(basic_server& s) : srv(s) {}
+        slot(const slot&) = delete;
+        ~slot() { --srv.in_flight_; }
+        basic_server& srv;
+    };
+    std::shared_ptr<slot> take_slot() {
+        if (++in_flight_ > slots_) {
+            --in_flight_;
+            return nullptr;
+        }
+        return std::make_shared<slot>(*this);
     }
 
     void configure(httplib::Server& svr) {
-        const int threads = std::max(2, opt_.http_threads);
-        svr.new_task_queue = [threads] { return new httplib::ThreadPool(std::size_t(threads)); };
         svr.set_payload_max_length(opt_.max_body_bytes);
         svr.set_read_timeout(opt_.read_timeout_s);
         svr.set_write_timeout(opt_.write_timeout_s);
-        svr.set_keep_alive_timeout(5);
         svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-            if (opt_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-            if (req.get_header_value("Authorization") == "Bearer " + opt_.api_key || req.get_header_value("X-Api-Key") == opt_.api_key)
-                return httplib::Server::HandlerResponse::Unhandled;
-            reply_error(res, 401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'", "authentication_error");
-            return httplib::Server::HandlerResponse::Handled;
+            try {
+                return admit(req, res);
+            } catch (const std::exception& e) {
+                reply_error(res, 400, std::string("bad request: ") + e.what());
+                return httplib::Server::HandlerResponse::Handled;
+            }
         });
+        // Runs outside httplib's try block: it must not throw (a path that is not UTF-8 used to
+        // make dump() throw here and end the process).
         svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
             if (!res.body.empty()) return;
-            std::string msg = res.status == 404   ? "no such endpoint: " + req.method + " " + req.path
-                              : res.status == 413 ? "the request body is larger than " + std::to_string(opt_.max_body_bytes) + " bytes"
-                              : res.status == 405 ? "method not allowed"
-                                                  : "HTTP error " + std::to_string(res.status);
-            res.set_content(error_body(res.status, msg).dump(), "application/json");
+            try {
+                std::string msg = res.status == 404   ? "no such endpoint: " + req.method + " " + req.path
+                                  : res.status == 413 ? body_too_large()
+                                  : res.status == 405 ? "method not allowed"
+                                                      : "HTTP error " + std::to_string(res.status);
+                res.set_content(dump(error_body(res.status, msg)), "application/json");
+            } catch (...) {
+                res.set_content(R"({"error": {"message": "HTTP error", "type": "invalid_request_error", "param": null, "code": 400}})",
+                                "application/json");
+            }
         });
-        svr.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
             std::string msg = "internal error";
             try {
                 if (ep) std::rethrow_exception(ep);
@@ -274,27 +413,38 @@ private:
             }
             reply_error(res, 500, msg);
         });
-        auto health = [this](const httplib::Request&, httplib::Response& res) {
-            const counters c = stats();
-            json j = {{"status", "ok"}, {"model", opt_.model_id}, {"busy", c.busy}, {"queued", c.queued},
-                      {"requests", c.requests}, {"completed", c.completed}, {"cancelled", c.cancelled}};
-            res.set_content(j.dump(), "application/json");
+        auto health = [this](const httplib::Request& req, httplib::Response& res) {
+            json j = {{"status", "ok"}};
+            // Counters tell a stranger how busy the server is and what it serves: with a key,
+            // only for whoever has it.
+            if (opt_.api_key.empty() || policy_.key_ok(req.get_header_value("Authorization"), req.get_header_value("X-Api-Key"))) {
+                const counters c = stats();
+                j = {{"status", "ok"}, {"model", opt_.model_id}, {"busy", c.busy}, {"queued", c.queued},
+                     {"requests", c.requests}, {"completed", c.completed}, {"cancelled", c.cancelled}};
+            }
+            res.set_content(dump(j), "application/json");
         };
         svr.Get("/health", health);
         svr.Get("/v1/health", health);
         auto models = [this](const httplib::Request&, httplib::Response& res) {
             json list = {{"object", "list"}, {"data", json::array({model_json()})}};
-            res.set_content(list.dump(), "application/json");
+            res.set_content(dump(list), "application/json");
         };
         svr.Get("/v1/models", models);
         svr.Get("/models", models);
         svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
             if (req.matches[1] != opt_.model_id)
                 return reply_error(res, 404, "the model '" + std::string(req.matches[1]) + "' does not exist", {}, "model");
-            res.set_content(model_json().dump(), "application/json");
+            res.set_content(dump(model_json()), "application/json");
         });
-        auto chat_h = [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); };
-        auto text_h = [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); };
+        // Content-reader handlers: httplib hands us the body as it arrives instead of reading
+        // all of it first (chunked and length-less bodies had no bound).
+        auto chat_h = [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& rd) {
+            completion(req, res, rd, true);
+        };
+        auto text_h = [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& rd) {
+            completion(req, res, rd, false);
+        };
         svr.Post("/v1/chat/completions", chat_h);
         svr.Post("/chat/completions", chat_h);
         svr.Post("/v1/completions", text_h);
@@ -327,16 +477,19 @@ private:
                 {"tokens_per_second", st.seconds > 0 ? double(st.tokens) / st.seconds : 0.0}, {"stop_reason", st.stop_reason}};
     }
 
-    void completion(const httplib::Request& req, httplib::Response& res, bool chat_api) {
+    void completion(const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader, bool chat_api) {
+        auto held = take_slot();
+        if (!held) {
+            rejected();
+            res.set_header("Retry-After", "1");
+            return reply_error(res, 503, "the server is busy: " + std::to_string(slots_) + " completion requests are in progress; retry later",
+                               {}, "server_error");
+        }
+        std::string text;
+        if (!read_body(reader, res, text)) return rejected();
         std::shared_ptr<job> j;
         try {
-            json body;
-            try {
-                body = json::parse(req.body);
-            } catch (const json::parse_error& e) {
-                throw http_error(400, std::string("the request body is not valid JSON: ") + e.what());
-            }
-            j = submit(parse_request(body, chat_api, tok_, mi_, opt_, fmt_));
+            j = submit(parse_request(parse_body(text), chat_api, tok_, mi_, opt_, fmt_));
         } catch (const http_error& e) {
             rejected();
             return reply_error(res, e.status, e.what(), e.type, e.param);
@@ -352,9 +505,15 @@ private:
             std::vector<token> got;
             for (bool done = false; !done;) {
                 got.clear();
-                done = wait(*j, seen, got, std::chrono::milliseconds(500));
+                done = wait(*j, seen, got, std::chrono::milliseconds(100));
                 for (token t : got) rb.push(t);
                 if (rb.stopped_by_string()) j->cancel = true;
+                if (!done && gated_server::client_gone()) {  // nobody will read the answer: stop making it
+                    j->client_gone = true;
+                    j->cancel = true;
+                    reply_error(res, 400, "the client went away");
+                    return;
+                }
             }
             rb.finish();
             if (!j->error.empty()) return reply_error(res, 500, "generation failed: " + j->error, "server_error");
@@ -365,18 +524,20 @@ private:
             json out = {{"id", id}, {"object", chat_api ? "chat.completion" : "text_completion"}, {"created", created},
                         {"model", opt_.model_id}, {"choices", json::array({choice})}, {"usage", usage_json(j->req, j->stats)},
                         {"timings", timings_json(j->req, j->stats)}};
-            res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+            res.set_content(dump(out), "application/json");
             return;
         }
         struct stream_state {
             std::shared_ptr<job> j;
+            std::shared_ptr<slot> held;  // the completion slot, until the stream ends
             response_builder rb;
             std::size_t seen = 0;
             bool started = false;
             std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
-            stream_state(std::shared_ptr<job> jj, const tokenizer& tok) : j(std::move(jj)), rb(tok, j->req) {}
+            stream_state(std::shared_ptr<job> jj, std::shared_ptr<slot> h, const tokenizer& tok)
+                : j(std::move(jj)), held(std::move(h)), rb(tok, j->req) {}
         };
-        auto st = std::make_shared<stream_state>(j, tok_);
+        auto st = std::make_shared<stream_state>(j, std::move(held), tok_);
         auto chunk = [this, id, created, chat_api](json delta, json finish) {
             json c = {{"index", 0}};
             if (chat_api) c["delta"] = std::move(delta);
@@ -390,50 +551,20 @@ private:
         res.set_chunked_content_provider(
             "text/event-stream",
             [this, st, chunk, chat_api](std::size_t, httplib::DataSink& sink) {
-                auto gone = [&] {
+                // httplib calls this outside its try block: an exception here used to end the process.
+                try {
+                    return stream_step(*st, chunk, chat_api, sink);
+                } catch (const std::exception& e) {
                     st->j->client_gone = true;
                     st->j->cancel = true;
-                    return false;
-                };
-                auto put = [&](const std::string& s) {
-                    st->last_write = std::chrono::steady_clock::now();
-                    return sink.write(s.data(), s.size());
-                };
-                if (!st->started) {
-                    st->started = true;
-                    json d = chat_api ? json{{"role", "assistant"}, {"content", ""}} : json{{"text", ""}};
-                    if (!put(sse_data(chunk(d, nullptr)))) return gone();
-                }
-                std::vector<token> got;
-                const bool done = wait(*st->j, st->seen, got, std::chrono::milliseconds(100));
-                for (token t : got)
-                    for (auto& d : st->rb.push(t))
-                        if (!put(sse_data(chunk(std::move(d), nullptr)))) return gone();
-                if (st->rb.stopped_by_string()) st->j->cancel = true;
-                if (!done) {
-                    if (got.empty() && std::chrono::steady_clock::now() - st->last_write > std::chrono::milliseconds(250))
-                        if (!put(sse_comment("waiting"))) return gone();
+                    const std::string ev = sse_data(error_body(500, std::string("streaming failed: ") + e.what())) + sse_done();
+                    sink.write(ev.data(), ev.size());
+                    sink.done();
                     return true;
+                } catch (...) {
+                    st->j->cancel = true;
+                    return false;
                 }
-                for (auto& d : st->rb.finish())
-                    if (!put(sse_data(chunk(std::move(d), nullptr)))) return gone();
-                if (!st->j->error.empty()) {
-                    if (!put(sse_data(error_body(500, "generation failed: " + st->j->error)))) return gone();
-                } else {
-                    json last = chunk(json::object(), finish_reason(st->rb, st->j->stats));
-                    last["usage"] = usage_json(st->j->req, st->j->stats);
-                    last["timings"] = timings_json(st->j->req, st->j->stats);
-                    if (!put(sse_data(last))) return gone();
-                    if (st->j->req.include_usage) {
-                        json u = last;
-                        u["choices"] = json::array();
-                        u.erase("timings");
-                        if (!put(sse_data(u))) return gone();
-                    }
-                }
-                if (!put(sse_done())) return gone();
-                sink.done();
-                return true;
             },
             [st](bool success) {
                 if (!success) {
@@ -441,6 +572,55 @@ private:
                     st->j->cancel = true;
                 }
             });
+    }
+
+    template <class State, class Chunk>
+    bool stream_step(State& state, const Chunk& chunk, bool chat_api, httplib::DataSink& sink) {
+        State* st = &state;
+        auto gone = [&] {
+            st->j->client_gone = true;
+            st->j->cancel = true;
+            return false;
+        };
+        auto put = [&](const std::string& s) {
+            st->last_write = std::chrono::steady_clock::now();
+            return sink.write(s.data(), s.size());
+        };
+        if (!st->started) {
+            st->started = true;
+            json d = chat_api ? json{{"role", "assistant"}, {"content", ""}} : json{{"text", ""}};
+            if (!put(sse_data(chunk(d, nullptr)))) return gone();
+        }
+        std::vector<token> got;
+        const bool done = wait(*st->j, st->seen, got, std::chrono::milliseconds(100));
+        for (token t : got)
+            for (auto& d : st->rb.push(t))
+                if (!put(sse_data(chunk(std::move(d), nullptr)))) return gone();
+        if (st->rb.stopped_by_string()) st->j->cancel = true;
+        if (!done) {
+            if (got.empty() && std::chrono::steady_clock::now() - st->last_write > std::chrono::milliseconds(250))
+                if (!put(sse_comment("waiting"))) return gone();
+            return true;
+        }
+        for (auto& d : st->rb.finish())
+            if (!put(sse_data(chunk(std::move(d), nullptr)))) return gone();
+        if (!st->j->error.empty()) {
+            if (!put(sse_data(error_body(500, "generation failed: " + st->j->error)))) return gone();
+        } else {
+            json last = chunk(json::object(), finish_reason(st->rb, st->j->stats));
+            last["usage"] = usage_json(st->j->req, st->j->stats);
+            last["timings"] = timings_json(st->j->req, st->j->stats);
+            if (!put(sse_data(last))) return gone();
+            if (st->j->req.include_usage) {
+                json u = last;
+                u["choices"] = json::array();
+                u.erase("timings");
+                if (!put(sse_data(u))) return gone();
+            }
+        }
+        if (!put(sse_done())) return gone();
+        sink.done();
+        return true;
     }
 
     Model& model_;
@@ -458,7 +638,11 @@ private:
     std::atomic<bool> stopping_{false};
     counters counters_;
 
-    std::unique_ptr<httplib::Server> svr_;
+    access_policy policy_;
+    int slots_ = 1;
+    std::atomic<int> in_flight_{0};
+
+    std::unique_ptr<gated_server> svr_;
     std::thread worker_, listener_;
     int port_ = -1;
 };

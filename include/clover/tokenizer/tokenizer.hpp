@@ -11,6 +11,7 @@
 // llama.cpp do), then each stretch between them is NFC-normalised (when the file declares it),
 // pre-tokenised and BPE-encoded. Any bytes are accepted: ill-formed UTF-8 is encoded byte by
 // byte and decodes back to the same bytes.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
@@ -65,13 +66,24 @@ public:
     }
 
     std::vector<std::int32_t> encode(std::string_view text, const encode_options& o = {}) const {
+        const std::size_t everywhere[2] = {0, o.parse_special ? text.size() : 0};
+        return encode_marked(text, std::span<const std::size_t>(everywhere, o.parse_special ? 2 : 0), o.add_special);
+    }
+    // encode() with control tokens parsed only inside the byte ranges [bounds[2k], bounds[2k+1])
+    // of `text` (sorted, not overlapping) and read as plain text everywhere else. A chat prompt
+    // marks its template's own text this way, so that a user who types "<|im_end|>" in a message
+    // cannot end the turn (user-defined added tokens match everywhere, as with parse_special off).
+    std::vector<std::int32_t> encode_marked(std::string_view text, std::span<const std::size_t> bounds, bool add_special = false) const {
+        if (bounds.size() % 2) fail("tokenizer: special ranges come in [begin, end) pairs");
         std::vector<std::int32_t> out;
         out.reserve(text.size() / 3 + 4);
-        if (o.add_special && add_bos_ && bos_ >= 0) out.push_back(bos_);
-        std::size_t section = 0, i = 0;
+        if (add_special && add_bos_ && bos_ >= 0) out.push_back(bos_);
+        std::size_t section = 0, i = 0, r = 0;
         while (i < text.size()) {
             if (!starts_added_[static_cast<unsigned char>(text[i])]) { ++i; continue; }
-            auto [index, len] = match_added(text, i, o.parse_special);
+            while (r < bounds.size() && bounds[r + 1] <= i) r += 2;
+            const std::size_t special_end = r < bounds.size() && bounds[r] <= i ? std::min(bounds[r + 1], text.size()) : 0;
+            auto [index, len] = match_added(text, i, special_end);
             if (index < 0) { ++i; continue; }
             const tok::added_token& a = added_[std::size_t(index)];
             std::string_view before = text.substr(section, i - section);
@@ -83,7 +95,7 @@ public:
             section = i;
         }
         encode_section(text.substr(section), out);
-        if (o.add_special && add_eos_ && eos_ >= 0) out.push_back(eos_);
+        if (add_special && add_eos_ && eos_ >= 0) out.push_back(eos_);
         return out;
     }
 
@@ -281,8 +293,9 @@ private:
                 if (a.content == t && !is_eog(a.id)) eog_.push_back(a.id);
     }
 
-    // Longest added token at i: (index in added_, length), or (-1, 0).
-    std::pair<std::int32_t, std::size_t> match_added(std::string_view text, std::size_t i, bool parse_special) const {
+    // Longest added token at i: (index in added_, length), or (-1, 0). A control token counts
+    // only when it ends by special_end (0: nowhere).
+    std::pair<std::int32_t, std::size_t> match_added(std::string_view text, std::size_t i, std::size_t special_end) const {
         std::int32_t node = 0, best = -1;
         std::size_t best_len = 0;
         for (std::size_t j = i; j < text.size(); ++j) {
@@ -292,7 +305,7 @@ private:
             if (child < 0) break;
             node = child;
             const trie_node& t = trie_[std::size_t(node)];
-            if (t.added >= 0 && (parse_special || !t.special)) { best = t.added; best_len = j + 1 - i; }
+            if (t.added >= 0 && (!t.special || j + 1 <= special_end)) { best = t.added; best_len = j + 1 - i; }
         }
         return {best, best_len};
     }
