@@ -111,6 +111,24 @@ struct scripted_model {
         for (std::size_t i = 0; i < ids.size(); ++i) onehot(logits.data() + i * n_vocab(), at(p0 + std::int64_t(i) + 1));
     }
     void rollback(session& s, std::int64_t keep) { base.rollback(s, keep); }
+    // The batched pass the decoders drive (model::run): the real pass, then each logits row
+    // replaced by the script's token for the position it predicts.
+    void run(std::span<const pass_request> reqs, std::vector<float>& logits, bool exact = false) {
+        if (delay.count()) std::this_thread::sleep_for(delay);
+        std::vector<std::int64_t> p0;
+        for (const pass_request& r : reqs) {
+            p0.push_back(r.s->n_past());
+            if (r.s->n_past() == 0 && r.kind == pass_kind::commit) prompt_len = std::int64_t(r.ids.size());
+        }
+        base.run(reqs, logits, exact);
+        const std::int64_t V = n_vocab();
+        std::int64_t row = 0;
+        for (std::size_t k = 0; k < reqs.size(); ++k) {
+            const std::int64_t n = std::int64_t(reqs[k].ids.size());
+            const std::int64_t shift = reqs[k].kind == pass_kind::preview ? 0 : 1;  // preview rows: no shift
+            for (std::int64_t i = n - reqs[k].logits; i < n; ++i) onehot(logits.data() + (row++) * V, at(p0[k] + i + shift));
+        }
+    }
 };
 
 struct reply {
