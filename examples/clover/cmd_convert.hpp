@@ -93,7 +93,7 @@ inline void add_convert_commands(CLI::App& app) {
             if (i == n || i % 16 == 0)
                 std::fprintf(stderr, "\rconvert: %zu/%zu tensors, %s of %s", i, n, gb(done).c_str(), gb(total).c_str());
         };
-        const hf::convert_result r = hf::convert(o->dir, o->out, co);
+        const hf::convert_result r = convert_hf(o->dir, o->out, co);
         std::fprintf(stderr, "\nconvert: wrote %s (%s, %zu tensors, %s) in %.1f s\n", o->out.c_str(), r.arch.c_str(), r.n_tensors,
                      gb(r.bytes).c_str(), r.seconds);
     });

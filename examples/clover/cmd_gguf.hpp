@@ -31,7 +31,8 @@ inline std::string value_summary(const io::gguf_value& v) {
 }
 
 inline void gguf_info(const std::string& path) {
-    auto f = std::filesystem::is_directory(path) ? load_hf(path, &warn) : load(path);
+    // The file as it is (vendor variants not fixed: info reports them).
+    auto f = std::filesystem::is_directory(path) ? load_hf(path, &warn) : std::make_shared<const io::gguf_file>(path);
     std::printf("file: %s\nGGUF version %u, %zu metadata keys, %zu tensors, alignment %zu\n\n", path.c_str(), f->version(),
                 f->metadata().size(), f->tensors().size(), f->alignment());
     std::printf("metadata:\n");

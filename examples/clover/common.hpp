@@ -80,8 +80,7 @@ using runtime_model = model<variants::from_file, backend::cpu>;
 
 // A GGUF file (known vendor variants made canonical in memory, with a warning) or an HF folder.
 inline std::shared_ptr<const io::gguf_file> open_weights(const std::string& path) {
-    if (std::filesystem::is_directory(path)) return load_hf(path, &warn);
-    return load_canonical(path, {.warn = &warn});
+    return clover::open(path, &warn);
 }
 
 inline std::unique_ptr<runtime_model> open_model(const std::string& path, int threads) {

@@ -172,7 +172,7 @@ TEST_CASE("load_hf: BF16 checkpoints give the BF16 GGUF's logits") {
     hftest::make_hf_folder(gguf, dir2, {.small = dtype::bf16});
     const auto direct = logits_of(load_hf(dir2), ids);
     const auto out = testutil::tmp("hf_bf16_all.gguf");
-    hf::convert(dir2, out, {.type = "auto"});
+    convert_hf(dir2, out, {.type = "auto"});
     CHECK(rel_diff(logits_of(load(out), ids), direct) < 1e-5f);
     CHECK(rel_diff(direct, want) < 0.1f);  // the BF16 rounding of the small tensors (a random model amplifies it)
 }
@@ -185,7 +185,7 @@ TEST_CASE("convert: HF → canonical GGUF equals the synthesized file, tensor by
         hftest::make_hf_folder(gguf, dir, {.packed = arch == "qwen35moe"});
         const auto out = testutil::tmp("hf_conv_" + arch + ".gguf");
         std::size_t calls = 0;
-        auto res = hf::convert(dir, out, {.type = "f32", .progress = [&](std::size_t, std::size_t, std::uint64_t d, std::uint64_t t) {
+        auto res = convert_hf(dir, out, {.type = "f32", .progress = [&](std::size_t, std::size_t, std::uint64_t d, std::uint64_t t) {
                                               ++calls;
                                               CHECK(d <= t);
                                           }});
@@ -233,7 +233,7 @@ TEST_CASE("convert: --type bf16 / q8_0 quantise the F32 checkpoint like synth do
         s.type = t;
         const auto ref = testutil::synth_file("hf_tiny_" + std::string(dtype_name(t)) + ".gguf", s);
         const auto out = testutil::tmp("hf_tiny_conv_" + std::string(dtype_name(t)) + ".gguf");
-        hf::convert(dir, out, {.type = t == dtype::bf16 ? "bf16" : "q8_0"});
+        convert_hf(dir, out, {.type = t == dtype::bf16 ? "bf16" : "q8_0"});
         io::gguf_file want(ref), got(out), full(f32);
         // The synthesized file with the routers in F32: what convert must have written.
         io::gguf_writer w;
@@ -257,7 +257,7 @@ TEST_CASE("convert: --type bf16 / q8_0 quantise the F32 checkpoint like synth do
         CHECK(got.get_int("general.file_type") == (t == dtype::bf16 ? 32 : 7));
         CHECK(logits_of(load(out), ids) == logits_of(load(expect), ids));
     }
-    CHECK_THROWS_WITH_AS(hf::convert(dir, testutil::tmp("x.gguf"), {.type = "q3"}), doctest::Contains("--type 'q3'"), error);
+    CHECK_THROWS_WITH_AS(convert_hf(dir, testutil::tmp("x.gguf"), {.type = "q3"}), doctest::Contains("--type 'q3'"), error);
 }
 
 TEST_CASE("convert: --type q4_k / q4_k_m where this build quantises Q4_K, else one clear error") {
@@ -272,14 +272,14 @@ TEST_CASE("convert: --type q4_k / q4_k_m where this build quantises Q4_K, else o
         CAPTURE(t);
         const auto out = testutil::tmp(std::string("hf_q4_conv_") + t + ".gguf");
         if (quant::is_supported_weight(dtype::q4_k) && quant::is_supported_weight(dtype::q6_k)) {
-            hf::convert(dir, out, {.type = t});
+            convert_hf(dir, out, {.type = t});
             io::gguf_file got(out);
             CHECK(got.tensor("blk.0.attn_qkv.weight").type == dtype::q4_k);
             CHECK(got.tensor("blk.0.ffn_down_exps.weight").type == dtype::q8_0);  // rows of 32: Q8_0 fallback
             CHECK(got.tensor("output.weight").type == (std::string(t) == "q4_k_m" ? dtype::q6_k : dtype::q4_k));
             for (float x : logits_of(load(out), ids)) REQUIRE(std::isfinite(x));
         } else {
-            CHECK_THROWS_WITH_AS(hf::convert(dir, out, {.type = t}), doctest::Contains("not supported yet"), error);
+            CHECK_THROWS_WITH_AS(convert_hf(dir, out, {.type = t}), doctest::Contains("not supported yet"), error);
             CHECK(!fs::exists(out));
         }
     }
@@ -350,7 +350,7 @@ TEST_CASE("hand-written folder: each transformation on known numbers") {
     CHECK(hf->get_int("qwen35moe.rope.dimension_count") == 2);
 
     const auto out = testutil::tmp("hf_hand.gguf");
-    hf::convert(dir, out, {.type = "f32"});
+    convert_hf(dir, out, {.type = "f32"});
     io::gguf_file g(out);
     // Tiled slot p holds grouped head (p mod 2)·2 + p / 2: slots 0..3 ← heads 0, 2, 1, 3.
     CHECK(vals(g, "blk.0.ssm_dt.bias") == std::vector<float>{0.5f, 2.5f, 1.5f, 3.5f});

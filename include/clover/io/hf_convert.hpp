@@ -34,6 +34,7 @@ struct convert_options {
     std::string type = "auto";  // auto (each matrix keeps its dtype) | f32 | f16 | bf16 | q8_0 | q4_k | q4_k_m
     int threads = 0;            // 0: all cores
     warn_fn warn = nullptr;
+    metadata_hook extra_keys = {};  // the tokenizer's keys (clover::convert_hf passes them)
     // After each tensor: tensors written, tensors in all, bytes written, bytes in all.
     std::function<void(std::size_t, std::size_t, std::uint64_t, std::uint64_t)> progress = {};
 };
@@ -123,7 +124,7 @@ inline convert_result convert(const std::filesystem::path& dir, const std::files
         fail("convert: --type '", o.type, "' is not one of auto, f32, f16, bf16, q8_0, q4_k, q4_k_m");
     if ((o.type == "q4_k" || o.type == "q4_k_m") && !(quant::is_supported_weight(dtype::q4_k) && quant::is_supported_weight(dtype::q6_k)))
         fail("convert: --type ", o.type, " is not supported yet in this build (Q4_K/Q6_K quantisation has not landed)");
-    std::shared_ptr<const hf_folder> fp = open_hf(dir, {.split_packed_experts = true, .warn = o.warn});
+    std::shared_ptr<const hf_folder> fp = open_hf(dir, {.split_packed_experts = true, .warn = o.warn, .extra_keys = o.extra_keys});
     const hf_folder& f = *fp;
     convert_result res;
     res.arch = f.arch;

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -43,8 +44,6 @@
 #include "clover/io/regular_file.hpp"
 #include "clover/io/safetensors.hpp"
 #include "clover/quant/rows.hpp"
-#include "clover/tokenizer/tokenizer_json.hpp"
-#include "clover/tokenizer/vocab.hpp"
 
 namespace clover::hf {
 
@@ -116,11 +115,18 @@ inline std::vector<float> vector_values(const planned_tensor& pt) {
     return v;
 }
 
+// Keys a layer above io adds to the folder's metadata: the tokenizer's (model/open.hpp turns
+// tokenizer.json into tokenizer.* keys; io reads files and knows no tokenizer). Called with the
+// folder, its config's bos/eos ids and the writer; returns the id of "<|mask|>" or -1.
+using metadata_hook = std::function<std::int64_t(const std::filesystem::path& dir, std::int64_t bos, std::int64_t eos,
+                                                 io::gguf_writer& w, std::int64_t n_vocab, warn_fn warn)>;
+
 struct hf_options {
     // gate_up_proj → ffn_gate_exps + ffn_up_exps (what the stock converter writes; `convert`),
     // instead of one ffn_gate_up_exps view (`load_hf`: no copy).
     bool split_packed_experts = false;
     warn_fn warn = nullptr;
+    metadata_hook extra_keys = {};
 };
 
 // The opened folder: config, mapped shards, the canonical metadata and the tensor plan.
@@ -304,28 +310,6 @@ struct planner {
     }
 };
 
-// tokenizer.json → tokenizer.* keys; returns the id of "<|mask|>" (or -1).
-inline std::int64_t put_tokenizer(hf_folder& f, io::gguf_writer& w, std::int64_t n_vocab, warn_fn warn) {
-    const auto path = f.dir / "tokenizer.json";
-    if (!std::filesystem::exists(path) && !std::filesystem::is_symlink(path)) return -1;
-    try {
-        for (const char* name : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
-            if (std::filesystem::exists(f.dir / name) || std::filesystem::is_symlink(f.dir / name)) require_inside(f.dir, f.dir / name);
-        tok::tokenizer_spec s = tok::read_tokenizer_json_spec(path);
-        if (std::int64_t(s.tokens.size()) > n_vocab)
-            fail(path.string(), ": ", s.tokens.size(), " tokens but the embedding has ", n_vocab, " rows");
-        if (s.bos < 0 && f.cfg.bos >= 0 && f.cfg.bos < std::int64_t(s.tokens.size())) s.bos = std::int32_t(f.cfg.bos);
-        if (s.eos < 0 && f.cfg.eos >= 0 && f.cfg.eos < std::int64_t(s.tokens.size())) s.eos = std::int32_t(f.cfg.eos);
-        tok::write_gguf_spec(s, w, std::size_t(n_vocab));
-        f.has_tokenizer = true;
-        for (std::size_t i = 0; i < s.tokens.size(); ++i)
-            if (s.tokens[i] == "<|mask|>") return std::int64_t(i);
-    } catch (const clover::error& e) {
-        if (warn) warn(std::string("tokenizer not included: ") + e.what());
-    }
-    return -1;
-}
-
 }  // namespace hf_detail
 
 // Opens and plans the folder. Throws clover::error naming the file and tensor on bad input.
@@ -502,15 +486,18 @@ inline std::shared_ptr<const hf_folder> open_hf(const std::filesystem::path& dir
 
     io::gguf_writer w;
     io::put_gguf_metadata(c, f.arch, w);
-    const std::int64_t mask = hf_detail::put_tokenizer(f, w, V, opt.warn);
+    const std::int64_t mask = opt.extra_keys ? opt.extra_keys(f.dir, f.cfg.bos, f.cfg.eos, w, V, opt.warn) : -1;
+    for (const auto& kv : w.metadata()) f.has_tokenizer = f.has_tokenizer || kv.first == "tokenizer.ggml.tokens";
     if (f.arch == "clover_moe" && !c.mask_token_id && mask >= 0) w.set_u32("clover_moe.diffusion.mask_token_id", std::uint32_t(mask));
     f.metadata = w.metadata();
     return fp;
 }
 
 // The folder as a virtual GGUF file (see the top of this header).
-inline std::shared_ptr<const io::gguf_file> load_hf(const std::filesystem::path& dir, warn_fn warn = nullptr) {
-    std::shared_ptr<const hf_folder> folder = open_hf(dir, {.split_packed_experts = false, .warn = warn});
+// extra_keys: see metadata_hook (clover::load_hf / clover::open pass the tokenizer's).
+inline std::shared_ptr<const io::gguf_file> load_hf(const std::filesystem::path& dir, warn_fn warn = nullptr,
+                                                    metadata_hook extra_keys = {}) {
+    std::shared_ptr<const hf_folder> folder = open_hf(dir, {.split_packed_experts = false, .warn = warn, .extra_keys = std::move(extra_keys)});
     struct keep {
         std::shared_ptr<const hf_folder> folder;
         std::deque<std::vector<std::byte>> owned;
@@ -568,7 +555,3 @@ inline std::vector<io::file_identity> input_files(const std::filesystem::path& d
 }
 
 }  // namespace clover::hf
-
-namespace clover {
-using hf::load_hf;
-}

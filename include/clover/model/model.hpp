@@ -26,14 +26,14 @@
 #include "clover/layers/gated_attention.hpp"
 #include "clover/layers/gated_deltanet.hpp"
 #include "clover/layers/sparse_moe.hpp"
+#include "clover/model/open.hpp"
 #include "clover/model/session.hpp"
 
 namespace clover {
 
-// Opens a model file (mmap; nothing is copied).
-inline std::shared_ptr<const io::gguf_file> load(const std::filesystem::path& path) {
-    return std::make_shared<const io::gguf_file>(path);
-}
+// Opens a model (clover::open without warnings): a GGUF file (mmap; nothing is copied unless a
+// vendor variant needs fixing) or an HF folder.
+inline std::shared_ptr<const io::gguf_file> load(const std::filesystem::path& path) { return open(path); }
 
 // Which rows of a commit pass produce logits.
 enum class logits_rows { none, last, all };
