@@ -72,7 +72,10 @@ inline void write_output_file(const std::string& out, std::span<const std::byte>
 
 inline std::string join_ids(const std::vector<token>& ids) {
     std::string s;
-    for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (i) s += ',';  // not `"," + std::to_string(...)`: GCC 12 -Wrestrict false positive
+        s += std::to_string(ids[i]);
+    }
     return s;
 }
 
