@@ -7,6 +7,7 @@
 
 #include <clover/io/hf_convert.hpp>
 #include <clover/io/hf_model.hpp>
+#include <clover/model/open.hpp>
 
 #include "../common/test_util.hpp"
 #include "../io/hostile_util.hpp"
