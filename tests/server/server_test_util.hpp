@@ -65,9 +65,10 @@ struct scripted_model {
     std::vector<token> script;
     token after = 0;
     std::int64_t prompt_len = 0;
+    bool prompt_open = false;
     std::chrono::microseconds delay{0};  // per pass, to make generations slow on purpose
     std::mutex prompt_mu;
-    std::vector<token> last_prompt;  // the ids of the latest prompt (its first commit pass)
+    std::vector<token> last_prompt;  // the ids of the latest prompt (all its chunks)
     std::vector<token> prompt() {
         std::lock_guard lk(prompt_mu);
         return last_prompt;
@@ -118,7 +119,15 @@ struct scripted_model {
         std::vector<std::int64_t> p0;
         for (const pass_request& r : reqs) {
             p0.push_back(r.s->n_past());
-            if (r.s->n_past() == 0 && r.kind == pass_kind::commit) prompt_len = std::int64_t(r.ids.size());
+            // The prompt may come in chunks (rows up to the session's batch): it ends with the
+            // chunk that asks for logits.
+            if (r.kind == pass_kind::commit && (r.s->n_past() == 0 || prompt_open)) {
+                prompt_len = r.s->n_past() + std::int64_t(r.ids.size());
+                prompt_open = r.logits == 0;
+                std::lock_guard lk(prompt_mu);
+                if (r.s->n_past() == 0) last_prompt.clear();
+                last_prompt.insert(last_prompt.end(), r.ids.begin(), r.ids.end());
+            }
         }
         base.run(reqs, logits, exact);
         const std::int64_t V = n_vocab();
