@@ -67,6 +67,11 @@ struct gate_options {
 namespace gate_detail {
 
 using clock = std::chrono::steady_clock;
+#ifdef POLLRDHUP
+inline constexpr short peer_closed = POLLRDHUP;  // Linux: the peer shut its side down
+#else
+inline constexpr short peer_closed = 0;  // elsewhere a peek that reads 0 bytes says it
+#endif
 
 inline int ms_until(clock::time_point t) {  // rounded up: 0 only once t has come
     const auto ms = std::chrono::ceil<std::chrono::milliseconds>(t - clock::now()).count();
@@ -141,9 +146,9 @@ public:
     bool deadline_passed() const { return deadline_passed_; }
     // The client closed its end or the connection broke (looks, never reads).
     bool peer_gone() const {
-        pollfd p{fd_, short(POLLIN | POLLRDHUP), 0};
+        pollfd p{fd_, short(POLLIN | gate_detail::peer_closed), 0};
         if (::poll(&p, 1, 0) <= 0) return false;
-        if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return true;
+        if (p.revents & (POLLHUP | POLLERR | gate_detail::peer_closed)) return true;
         if (p.revents & POLLIN) {
             char c;
             const ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -154,8 +159,10 @@ public:
 
 private:
     bool wait_read() const {
+        // Past the deadline, only what has already arrived is read (a request that waited for a
+        // thread still has its headers); the body reader refuses late bytes itself.
         const int left = gate_detail::ms_until(deadline_);
-        if (left > 0 && gate_detail::wait_for(fd_, POLLIN, std::min(left, int(read_timeout_.count())))) return true;
+        if (gate_detail::wait_for(fd_, POLLIN, std::min(left, int(read_timeout_.count())))) return true;
         deadline_passed_ = gate_detail::clock::now() >= deadline_;
         return false;
     }
