@@ -12,6 +12,9 @@
 #                 emptied first)
 #   FUZZ_JOBS     targets run at once (default 1; each target is one process on one core)
 #   FUZZ_RSS_MB   memory limit per target, also the largest single allocation (default 2048)
+#   FUZZ_TIMEOUT  seconds one input may run before it counts as a hang (default 10; a machine
+#                 busy with other work starves the fuzzer: a 0.7 s input once "hung" for 10 s
+#                 while a build ran beside a niced run)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -23,6 +26,7 @@ build="${FUZZ_BUILD:-$root/build-fuzz}"
 out="${FUZZ_OUT:-$build/fuzz-out}"
 jobs="${FUZZ_JOBS:-1}"
 rss="${FUZZ_RSS_MB:-2048}"
+hang="${FUZZ_TIMEOUT:-10}"
 
 case "$seconds" in ''|*[!0-9]*) echo "run.sh: SECONDS must be a whole number (got '$seconds')" >&2; exit 2 ;; esac
 for t in $targets; do
@@ -46,9 +50,9 @@ run_one() {
     local dict=()
     [ -f "$here/dict/$t.dict" ] && dict=(-dict="$here/dict/$t.dict")
     # New units go to the first corpus folder (ours, not the committed seeds); crash inputs to
-    # -artifact_prefix. -timeout: one input running longer than 10 s is a hang.
+    # -artifact_prefix. -timeout: one input running longer than FUZZ_TIMEOUT s is a hang.
     CLOVER_FUZZ_TMP="$dir/tmp" "$build/tests/fuzz/fuzz_$t" "$dir/corpus" "$here/corpus/$t" "${dict[@]}" \
-        -max_total_time="$seconds" -rss_limit_mb="$rss" -malloc_limit_mb="$rss" -timeout=10 \
+        -max_total_time="$seconds" -rss_limit_mb="$rss" -malloc_limit_mb="$rss" -timeout="$hang" \
         -print_final_stats=1 -artifact_prefix="$dir/" > "$dir/log" 2>&1
     echo $? > "$dir/rc"
     rm -rf "$dir/tmp"
