@@ -10,31 +10,11 @@
 #include <sstream>
 
 #include "../common/test_util.hpp"
+#include "cli_run.hpp"
 
 namespace {
 
-struct result {
-    int status = -1;
-    std::string out, err;
-};
-
-result run(const std::string& args) {
-    const std::string err_path = testutil::tmp("cli_par_err.txt");
-    const std::string cmd = "timeout 120 " + std::string(CLOVER_CLI) + " " + args + " 2>" + err_path + " </dev/null";
-    result r;
-    std::FILE* p = popen(cmd.c_str(), "r");
-    REQUIRE(p != nullptr);
-    char buf[4096];
-    std::size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    const int st = pclose(p);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-    std::ifstream e(err_path);
-    std::stringstream ss;
-    ss << e.rdbuf();
-    r.err = ss.str();
-    return r;
-}
+clitest::result run(const std::string& args) { return clitest::run(args, 120, "cli_par_err.txt"); }
 
 std::vector<std::string> lines(const std::string& s) {
     std::vector<std::string> v;

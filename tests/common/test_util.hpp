@@ -35,6 +35,21 @@ inline clover::synth::spec odd_spec() {
     return s;
 }
 
+// An odd-shaped block-diffusion model (clover_moe).
+inline clover::synth::spec clover_odd_spec() {
+    auto s = odd_spec();
+    s.arch = "clover_moe";
+    return s;
+}
+
+// n token ids below `vocab`, from a seed.
+inline std::vector<std::int32_t> random_ids(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
+    clover::rng r(seed);
+    std::vector<std::int32_t> v;
+    for (std::int64_t i = 0; i < n; ++i) v.push_back(std::int32_t(r.next() % std::uint64_t(vocab)));
+    return v;
+}
+
 inline std::vector<float> random_vec(std::size_t n, std::uint64_t seed, float lo = -1.f, float hi = 1.f) {
     clover::rng r(seed);
     std::vector<float> v(n);

@@ -20,18 +20,9 @@ synth::spec clover_tiny() {
     s.rope_theta = 100.f;
     return s;
 }
-synth::spec clover_odd() {
-    auto s = testutil::odd_spec();
-    s.arch = "clover_moe";
-    return s;
-}
+synth::spec clover_odd() { return testutil::clover_odd_spec(); }
 
-std::vector<token> ids(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
-    rng r(seed);
-    std::vector<token> v;
-    for (std::int64_t i = 0; i < n; ++i) v.push_back(token(r.next() % std::uint64_t(vocab)));
-    return v;
-}
+std::vector<token> ids(std::int64_t n, std::int64_t vocab, std::uint64_t seed) { return testutil::random_ids(n, vocab, seed); }
 
 }  // namespace
 

@@ -15,12 +15,7 @@ namespace {
 using rt_model = model<variants::from_file, backend::cpu>;
 using any_decoder = std::variant<decode::ar, decode::low_confidence, decode::self_speculative>;
 
-std::vector<token> ids(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
-    rng r(seed);
-    std::vector<token> v;
-    for (std::int64_t i = 0; i < n; ++i) v.push_back(token(r.next() % std::uint64_t(vocab)));
-    return v;
-}
+std::vector<token> ids(std::int64_t n, std::int64_t vocab, std::uint64_t seed) { return testutil::random_ids(n, vocab, seed); }
 
 }  // namespace
 

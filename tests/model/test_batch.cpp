@@ -17,18 +17,9 @@ namespace {
 
 using rt_model = model<variants::from_file, backend::cpu>;
 
-synth::spec clover_odd() {
-    auto s = testutil::odd_spec();
-    s.arch = "clover_moe";
-    return s;
-}
+synth::spec clover_odd() { return testutil::clover_odd_spec(); }
 
-std::vector<token> ids(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
-    rng r(seed);
-    std::vector<token> v;
-    for (std::int64_t i = 0; i < n; ++i) v.push_back(token(r.next() % std::uint64_t(vocab)));
-    return v;
-}
+std::vector<token> ids(std::int64_t n, std::int64_t vocab, std::uint64_t seed) { return testutil::random_ids(n, vocab, seed); }
 
 // Sequence i's segment in the mixed pass: kinds cycle commit-chunk, decode row, preview, verify.
 struct seg_plan {
