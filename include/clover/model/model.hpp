@@ -146,6 +146,12 @@ public:
         check_ids(ids);
         if (s.n_past() + n > s.n_ctx()) fail("context full: ", s.n_past(), " + ", n, " tokens exceed the context size ", s.n_ctx());
         const std::int64_t V_ = hp_.n_vocab;
+        if (n >= 1 && n <= s.batch()) {  // one chunk: the pass writes the caller's rows directly
+            const std::int64_t want = rows == logits_rows::all ? n : rows == logits_rows::last ? 1 : 0;
+            const pass_request r{&s, pass_kind::commit, ids, want};
+            run(std::span(&r, 1), logits, exact);
+            return;
+        }
         std::vector<float> part;
         logits.assign(rows == logits_rows::all ? std::size_t(n * V_) : rows == logits_rows::last && n > 0 ? std::size_t(V_) : 0, 0.f);
         for (std::int64_t c0 = 0; c0 < n; c0 += s.batch()) {
