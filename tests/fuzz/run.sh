@@ -15,6 +15,9 @@
 #   FUZZ_TIMEOUT  seconds one input may run before it counts as a hang (default 10; a machine
 #                 busy with other work starves the fuzzer: a 0.7 s input once "hung" for 10 s
 #                 while a build ran beside a niced run)
+#   FUZZ_SEED     libFuzzer's -seed (default: random). CI sets one so that a local run of the same
+#                 commit with the same seed walks the same mutations (one process per target), and
+#                 a CI failure can be replayed; a random seed explores more and is for local runs.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -27,6 +30,8 @@ out="${FUZZ_OUT:-$build/fuzz-out}"
 jobs="${FUZZ_JOBS:-1}"
 rss="${FUZZ_RSS_MB:-2048}"
 hang="${FUZZ_TIMEOUT:-10}"
+seed=()
+[ -n "${FUZZ_SEED:-}" ] && seed=(-seed="$FUZZ_SEED")
 
 case "$seconds" in ''|*[!0-9]*) echo "run.sh: SECONDS must be a whole number (got '$seconds')" >&2; exit 2 ;; esac
 for t in $targets; do
@@ -51,7 +56,7 @@ run_one() {
     [ -f "$here/dict/$t.dict" ] && dict=(-dict="$here/dict/$t.dict")
     # New units go to the first corpus folder (ours, not the committed seeds); crash inputs to
     # -artifact_prefix. -timeout: one input running longer than FUZZ_TIMEOUT s is a hang.
-    CLOVER_FUZZ_TMP="$dir/tmp" "$build/tests/fuzz/fuzz_$t" "$dir/corpus" "$here/corpus/$t" "${dict[@]}" \
+    CLOVER_FUZZ_TMP="$dir/tmp" "$build/tests/fuzz/fuzz_$t" "$dir/corpus" "$here/corpus/$t" "${dict[@]}" "${seed[@]}" \
         -max_total_time="$seconds" -rss_limit_mb="$rss" -malloc_limit_mb="$rss" -timeout="$hang" \
         -print_final_stats=1 -artifact_prefix="$dir/" > "$dir/log" 2>&1
     echo $? > "$dir/rc"
@@ -96,8 +101,9 @@ for t in $targets; do
     for a in "$dir"/crash-* "$dir"/leak-* "$dir"/oom-* "$dir"/timeout-* "$dir"/slow-unit-*; do
         [ -f "$a" ] || continue
         echo "---- input $a ($(stat -c %s "$a") bytes; reproduce: $build/tests/fuzz/fuzz_$t $a)"
-        # Small inputs in the log too, so a CI failure can be reproduced from the log alone.
-        [ "$(stat -c %s "$a")" -le 4096 ] && { echo "base64:"; base64 -w 76 "$a"; }
+        # Inputs up to 16 KiB in the log too, so a CI failure can be reproduced from the log alone
+        # (a 4,292-byte tokenizer.json once was not, at a 4 KiB limit).
+        [ "$(stat -c %s "$a")" -le 16384 ] && { echo "base64:"; base64 -w 76 "$a"; }
     done
 done
 exit "$failed"

@@ -111,6 +111,22 @@ TEST_CASE("tokenizer.json: an id far beyond the entries present is refused, nami
     CHECK(s.tokens[299] == "[PAD299]");
 }
 
+TEST_CASE("tokenizer.json: an added token id that is not a JSON integer is one error (not a float cast to int)") {
+    // Found by fuzz_tokenizer_json in CI: 18446744073709551616 (2^64) parses as a double, and
+    // converting it to an integer was undefined behaviour.
+    for (const std::string id : {"18446744073709551616", "1.8e19", "-1e300", "2.5", "\"3\"", "null", "[1]"}) {
+        CAPTURE(id);
+        const std::string added = R"("added_tokens": [{"id": )" + id + R"(, "content": "<x>", "special": true}])";
+        expect_error("float_added_id.json", "{" + added + ", " + model_with() + ", " + byte_level_pre + "}", "has no integer 'id'");
+    }
+    expect_error("unsigned_added_id.json",
+                 "{" + std::string(R"("added_tokens": [{"id": 18446744073709551615, "content": "<x>"}])") + ", " + model_with() + ", " +
+                     byte_level_pre + "}",
+                 "too large");
+    expect_error("scalar_added.json", "{" + std::string(R"("added_tokens": [7])") + ", " + model_with() + ", " + byte_level_pre + "}",
+                 "not an object");
+}
+
 TEST_CASE("tokenizer.json as a FIFO: refused at once") {
     const std::string fifo = toktest::tmp("tokenizer.fifo");
     hostile::make_fifo(fifo);

@@ -244,7 +244,8 @@ inline tokenizer_spec read_tokenizer_json_spec(std::filesystem::path path) {
         if (!tj_detail::str_or_empty(m, "continuing_subword_prefix").empty() ||
             !tj_detail::str_or_empty(m, "end_of_word_suffix").empty())
             fail(s.source, ": BPE subword prefixes/suffixes are not supported");
-        if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() != 0.0)
+        if (m.contains("dropout") && !m["dropout"].is_null() &&
+            (!m["dropout"].is_number() || m["dropout"].get<double>() != 0.0))
             fail(s.source, ": BPE dropout is not supported");
         s.ignore_merges = m.value("ignore_merges", false);
 
@@ -259,6 +260,16 @@ inline tokenizer_spec read_tokenizer_json_spec(std::filesystem::path path) {
                 fail(s.source, ": ", what, " has id ", id, ", far beyond the ", present,
                      " entries present (ids must be nearly dense: at most ", id_limit - 1, ")");
         };
+        // An id must be a JSON integer: a float such as 1.8e19 converted to an integer is
+        // undefined behaviour (the fuzzer found it), and a fractional id means nothing.
+        auto added_id = [&](const json& a) -> std::int64_t {
+            const auto it = a.find("id");
+            if (it == a.end() || !it->is_number_integer())
+                fail(s.source, ": added token '", a.value("content", std::string()).substr(0, 80), "' has no integer 'id'");
+            if (it->is_number_unsigned() && it->get<std::uint64_t>() > std::uint64_t(INT64_MAX))
+                fail(s.source, ": added token id ", it->dump(), " is too large");
+            return it->get<std::int64_t>();
+        };
         std::int64_t max_id = -1;
         for (const auto& [tok, id] : sax.vocab) {
             if (id < 0) fail(s.source, ": model.vocab['", tok, "'] has a negative id");
@@ -266,7 +277,8 @@ inline tokenizer_spec read_tokenizer_json_spec(std::filesystem::path path) {
             max_id = std::max(max_id, id);
         }
         for (const auto& a : added) {
-            const std::int64_t id = a.at("id").get<std::int64_t>();
+            if (!a.is_object()) fail(s.source, ": added_tokens holds a ", a.type_name(), ", not an object");
+            const std::int64_t id = added_id(a);
             check_id(id, "added token '" + a.value("content", std::string()).substr(0, 80) + "'");
             max_id = std::max(max_id, id);
         }
@@ -280,7 +292,7 @@ inline tokenizer_spec read_tokenizer_json_spec(std::filesystem::path path) {
         }
         for (const auto& a : added) {
             added_token t;
-            t.id = a.at("id").get<std::int32_t>();
+            t.id = std::int32_t(added_id(a));  // below id_limit (checked above)
             if (t.id < 0) fail(s.source, ": added token with a negative id");
             t.content = a.at("content").get<std::string>();
             t.special = a.value("special", false);
