@@ -223,7 +223,9 @@ TEST_CASE("backend matmul equals matmul_ref (threads, token chunks, Eigen path, 
     for (dtype t : all_types) {
         const std::int64_t g = quant::row_granule(t);
         for (auto [rows, cols, n] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 1, 1}, {17, 2, 3}, {65, 3, 5},
-                                     {33, 5, 1}, {7, 1, 40}, {130, 2, 131}, {6, 9, 2}}) {
+                                     {33, 5, 1}, {7, 1, 40}, {130, 2, 131}, {6, 9, 2},
+                                     // the small-batch path (2–8 tokens, distant row pairs, odd rows)
+                                     {41, 2, 4}, {9, 3, 7}, {101, 2, 8}, {3, 1, 9}}) {
             cols *= g == 1 ? 37 : g;
             CAPTURE(dtype_name(t)); CAPTURE(rows); CAPTURE(cols); CAPTURE(n);
             test_matrix m(t, rows, cols, 7);
@@ -243,7 +245,8 @@ TEST_CASE("exact rows: an n-row product equals n one-row products bit for bit; m
         CAPTURE(dtype_name(t));
         const std::int64_t K = quant::row_granule(t) == 256 ? 512 : 160;
         test_matrix a(t, 45, K, 21), b(t, 19, K, 22);
-        const std::int64_t n = 70;
+        for (const std::int64_t n : {2, 5, 8, 70}) {  // small-batch path and prefill tiles
+        CAPTURE(n);
         auto x = testutil::random_vec(std::size_t(n * K), 23);
         std::vector<float> ya(std::size_t(n * 45)), yb(std::size_t(n * 19)), one(45);
         const backend::matmul_job jobs[2] = {{&a.w, ya.data()}, {&b.w, yb.data()}};
@@ -254,6 +257,7 @@ TEST_CASE("exact rows: an n-row product equals n one-row products bit for bit; m
         for (std::int64_t i = 0; i < n; ++i) {
             be.matmul(a.w, x.data() + i * K, one.data(), 1);
             CHECK(std::memcmp(one.data(), ya.data() + i * 45, 45 * 4) == 0);
+        }
         }
     }
 }

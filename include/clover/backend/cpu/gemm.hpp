@@ -117,8 +117,9 @@ inline void run_gemm(thread_pool& pool, gemm_scratch& sc, std::span<const gemm_j
     const std::int64_t decode_rchunk = std::clamp<std::int64_t>((total_rows / (8 * pool.size()) + 3) / 4 * 4, 4, 512);
     sc.items.clear();
     for (std::size_t i = 0; i < jobs.size(); ++i) {
-        const bool decode = jobs[i].n <= 1;
-        const std::int64_t tchunk = decode ? 1 : 64, rchunk = decode ? decode_rchunk : 32;
+        // Up to small_batch_tokens rows stream the weights like a decode step (matmul.hpp).
+        const bool decode = jobs[i].n <= small_batch_tokens;
+        const std::int64_t tchunk = decode ? jobs[i].n : 64, rchunk = decode ? decode_rchunk : 32;
         for (std::int64_t r = 0; r < jobs[i].w->rows; r += rchunk)
             for (std::int64_t t = 0; t < jobs[i].n; t += tchunk)
                 sc.items.push_back({i, r, std::min(jobs[i].w->rows, r + rchunk), t, std::min(jobs[i].n, t + tchunk)});
