@@ -40,6 +40,9 @@ struct state_options {
     std::int64_t token_budget = 0;  // KV tokens reserved for all sequences (0: grow on demand)
     bool kv_f16 = true;             // KV pages in F16 (false: F32)
     std::int64_t page = 32;         // tokens per KV page (= the diffusion block)
+    // GDN checkpoints kept per sequence (beyond it the oldest is dropped). Each holds every GDN
+    // layer's state and conv ring: 30 × 2.1 MB ≈ 63 MB for Clover-35B-A3B, so few are kept.
+    std::int64_t gdn_checkpoints = 8;
 };
 
 // Sizes a layer's primitives need besides tensor shapes.
@@ -135,6 +138,14 @@ concept backend_for = requires(B& be, typename B::context& cx, typename B::state
     // can be saved into another handle and restored from it (clover-diffusion.md §4).
     st.copy(seq, seq);                  // dst <- src, all of the state up to src's n_past
     st.truncate(seq, n);                // drop committed positions >= n (KV only; GDN must be restored)
+    // GDN checkpoints (at page boundaries and at the ends of chat messages): KV rows are
+    // positional and survive truncation, the GDN state is a running sum and does not, so
+    // returning to position p (a shared prompt prefix, an edited conversation) needs the GDN
+    // states saved at p.
+    st.checkpoint(seq);                 // saves them at n_past
+    st.restore(seq, n);                 // back to position n (0 or a checkpoint), later ones dropped
+    st.copy_prefix(seq, seq, n);        // dst <- src's KV rows [0, n) and src's checkpoint at n
+    { st.checkpoints(seq) } -> std::same_as<std::vector<std::int64_t>>;  // positions, ascending
     // Keeps the first `n` rows of the sequence's last verify segment and forgets the rest:
     // KV rows truncated, the GDN states of `layers` replayed from the recorded block-start
     // state (no weights are read).

@@ -100,6 +100,28 @@ public:
         state_of(dst.pool()).copy(dst.id(), src.id());
         dst.mutable_tokens() = src.tokens();
     }
+    // GDN checkpoints (a prompt prefix shared by many requests, a conversation edited at turn
+    // k): KV rows are positional, but the GDN state is a running sum, so going back to position
+    // p needs the states saved at p. checkpoint() saves them at the session's position: a
+    // multiple of page_size() (commit a prompt in two parts to end one there: whole KV pages
+    // can then be shared) or the end of a chat message; restore() returns a session to 0 or a checkpoint; copy_prefix() starts `dst` from
+    // src's first `pos` tokens without recomputing them. Each checkpoint costs
+    // checkpoint_bytes(); a session keeps the newest `state_options::gdn_checkpoints`.
+    std::int64_t page_size() { return state_of(0).page_size(); }
+    std::size_t checkpoint_bytes() { return state_of(0).checkpoint_bytes(); }
+    void checkpoint(session& s) { state_of(s.pool()).checkpoint(s.id()); }
+    std::vector<std::int64_t> checkpoints(const session& s) { return state_of(s.pool()).checkpoints(s.id()); }
+    void restore(session& s, std::int64_t pos) {
+        state_of(s.pool()).restore(s.id(), pos);
+        s.mutable_tokens().resize(std::size_t(pos));
+    }
+    void copy_prefix(session& dst, const session& src, std::int64_t pos) {
+        if (dst.pool() != src.pool()) fail("copy_prefix: the sessions use different KV formats");
+        if (pos > dst.n_ctx()) fail("copy_prefix: ", pos, " tokens do not fit a session of ", dst.n_ctx());
+        state_of(dst.pool()).copy_prefix(dst.id(), src.id(), pos);
+        dst.mutable_tokens().assign(src.tokens().begin(), src.tokens().begin() + pos);
+    }
+
     // Exact equality of two sessions' live state (tests).
     bool same_state(const session& a, const session& b) {
         return a.pool() == b.pool() && a.tokens() == b.tokens() && state_of(a.pool()).same_state(a.id(), b.id());

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "clover/backend/concept.hpp"
@@ -29,6 +30,12 @@ struct gdn_record {
     std::int64_t n = 0;
 };
 
+// Every GDN layer's state and conv ring at a page boundary (state_pool::checkpoint).
+struct gdn_checkpoint {
+    std::int64_t pos = 0;
+    std::vector<std::vector<float>> S, ring;  // per GDN layer of the pool
+};
+
 struct gdn_slot {
     std::vector<float> S;     // [Hv][dk][dv]  (row = key index, column = value index)
     std::vector<float> ring;  // [K-1][C]: the last K-1 pre-conv inputs, oldest first
@@ -40,6 +47,7 @@ public:
     state_pool(std::span<const layer_state_spec> spec, const state_options& o) : opt_(o), spec_(spec.begin(), spec.end()) {
         if (o.page < 1) fail("state pool: page size must be at least 1");
         if (o.token_budget < 0) fail("state pool: token budget must not be negative");
+        if (o.gdn_checkpoints < 0) fail("state pool: the number of GDN checkpoints must not be negative");
         slot_of_.resize(spec_.size());
         for (std::size_t l = 0; l < spec_.size(); ++l) {
             if (spec_[l].k == layer_state_spec::kind::attention) {
@@ -115,6 +123,70 @@ public:
         sequence& s = get(id);
         if (n < 0 || n > s.n_past) fail("state pool: cannot truncate a sequence of ", s.n_past, " tokens to ", n);
         s.n_past = n;
+        std::erase_if(s.checkpoints, [&](const gdn_checkpoint& c) { return c.pos > n; });  // their rows are gone
+    }
+
+    // ---- GDN checkpoints ----
+    // Saves every GDN layer's state and ring at the sequence's position: a page boundary (where
+    // a prefix cache can share whole KV pages) or the end of a chat message (where the next
+    // turn resumes). One at the same position is replaced; beyond options().gdn_checkpoints
+    // the oldest goes.
+    void checkpoint(seq_id id) {
+        sequence& s = get(id);
+        if (s.n_past == 0 || opt_.gdn_checkpoints == 0 || gdn_layers_.empty()) return;  // 0: the zero state, always there
+        std::erase_if(s.checkpoints, [&](const gdn_checkpoint& c) { return c.pos == s.n_past; });
+        if (std::int64_t(s.checkpoints.size()) >= opt_.gdn_checkpoints) s.checkpoints.erase(s.checkpoints.begin());
+        gdn_checkpoint c;
+        c.pos = s.n_past;
+        for (const gdn_slot& g : s.gdn) {
+            c.S.push_back(g.S);
+            c.ring.push_back(g.ring);
+        }
+        const auto at = std::find_if(s.checkpoints.begin(), s.checkpoints.end(), [&](const gdn_checkpoint& x) { return x.pos > c.pos; });
+        s.checkpoints.insert(at, std::move(c));
+    }
+    // Positions with a checkpoint, ascending (0, the zero state, is implicit and not listed).
+    std::vector<std::int64_t> checkpoints(seq_id id) const {
+        std::vector<std::int64_t> v;
+        for (const gdn_checkpoint& c : get(id).checkpoints) v.push_back(c.pos);
+        return v;
+    }
+    // Back to position `pos` (0, or one with a checkpoint): KV rows past it are dead, the GDN
+    // states are the checkpoint's, later checkpoints and the verify record are dropped.
+    void restore(seq_id id, std::int64_t pos) {
+        sequence& s = get(id);
+        if (pos < 0 || pos > s.n_past) fail("state pool: cannot restore a sequence of ", s.n_past, " tokens to position ", pos);
+        const gdn_checkpoint* c = find_checkpoint(s, pos);
+        set_gdn(s, c);
+        s.n_past = pos;
+        s.verify_start = -1;
+        std::erase_if(s.checkpoints, [&](const gdn_checkpoint& x) { return x.pos > pos; });
+    }
+    // dst <- src's first `pos` tokens: KV rows [0, pos) and the GDN states of src's checkpoint
+    // at pos (pos 0: the zero state). dst's own checkpoints are dropped; it keeps a copy of the
+    // one at pos. A shared prompt prefix is computed once this way.
+    void copy_prefix(seq_id dst, seq_id src, std::int64_t pos) {
+        if (dst == src) fail("state pool: copy_prefix needs two different sequences");
+        sequence& d = get(dst);
+        const sequence& s = get(src);
+        if (pos < 0 || pos > s.n_past) fail("state pool: cannot copy ", pos, " tokens of a sequence of ", s.n_past);
+        if (pos > d.cap) fail("state pool: cannot copy ", pos, " tokens into a sequence of capacity ", d.cap);
+        const gdn_checkpoint* c = find_checkpoint(s, pos);
+        copy_kv(d, s, pos);
+        set_gdn(d, c);
+        d.n_past = pos;
+        d.verify_start = -1;
+        d.checkpoints.clear();
+        if (c) d.checkpoints.push_back(*c);
+    }
+    // Bytes one checkpoint takes (every GDN layer's state and ring).
+    std::size_t checkpoint_bytes() const {
+        std::size_t b = 0;
+        for (std::int32_t l : gdn_layers_) {
+            const auto& sp = spec_[std::size_t(l)];
+            b += std::size_t(sp.gdn_heads * sp.gdn_dk * sp.gdn_dv + sp.conv_rows * sp.conv_channels) * sizeof(float);
+        }
+        return b;
     }
     // dst <- src: KV rows [0, n_past), GDN states and rings, n_past. dst must hold src's tokens.
     void copy(seq_id dst, seq_id src) {
@@ -122,18 +194,14 @@ public:
         sequence& d = get(dst);
         const sequence& s = get(src);
         if (s.n_past > d.cap) fail("state pool: cannot copy ", s.n_past, " tokens into a sequence of capacity ", d.cap);
-        for (std::size_t a = 0; a < kv_layers_.size(); ++a)
-            for (std::int64_t p0 = 0; p0 < s.n_past; p0 += opt_.page) {
-                const std::int64_t rows = std::min(opt_.page, s.n_past - p0);
-                const std::size_t bytes = std::size_t(rows * row_elems(a)) * elem_bytes();
-                std::memcpy(kv_row(a, d, p0, 0), kv_row(a, s, p0, 0), bytes);
-                std::memcpy(kv_row(a, d, p0, 1), kv_row(a, s, p0, 1), bytes);
-            }
+        copy_kv(d, s, s.n_past);
         for (std::size_t g = 0; g < gdn_layers_.size(); ++g) {
             d.gdn[g].S = s.gdn[g].S;
             d.gdn[g].ring = s.gdn[g].ring;
         }
         d.n_past = s.n_past;
+        d.verify_start = -1;
+        d.checkpoints = s.checkpoints;
     }
     // Exact equality of two sequences' live state (tests: a preview pass leaves it untouched).
     bool same_state(seq_id a_id, seq_id b_id) const {
@@ -172,7 +240,39 @@ private:
         std::int64_t cap = 0, n_past = 0, verify_start = -1;
         std::vector<std::int32_t> pages;
         std::vector<gdn_slot> gdn;
+        std::vector<gdn_checkpoint> checkpoints;  // ascending positions
     };
+
+    // The checkpoint at pos (nullptr: pos 0, the zero state); an error naming the positions
+    // that have one otherwise.
+    const gdn_checkpoint* find_checkpoint(const sequence& s, std::int64_t pos) const {
+        if (pos == 0 || gdn_layers_.empty()) return nullptr;
+        for (const gdn_checkpoint& c : s.checkpoints)
+            if (c.pos == pos) return &c;
+        std::string have;
+        for (const gdn_checkpoint& c : s.checkpoints) have += (have.empty() ? "" : ", ") + std::to_string(c.pos);
+        fail("state pool: no GDN checkpoint at position ", pos, " (checkpoints at: 0", have.empty() ? "" : ", ", have, ")");
+    }
+    void set_gdn(sequence& s, const gdn_checkpoint* c) {
+        for (std::size_t g = 0; g < s.gdn.size(); ++g) {
+            if (c) {
+                s.gdn[g].S = c->S[g];
+                s.gdn[g].ring = c->ring[g];
+            } else {
+                std::fill(s.gdn[g].S.begin(), s.gdn[g].S.end(), 0.f);
+                std::fill(s.gdn[g].ring.begin(), s.gdn[g].ring.end(), 0.f);
+            }
+        }
+    }
+    void copy_kv(sequence& d, const sequence& s, std::int64_t n) {
+        for (std::size_t a = 0; a < kv_layers_.size(); ++a)
+            for (std::int64_t p0 = 0; p0 < n; p0 += opt_.page) {
+                const std::int64_t rows = std::min(opt_.page, n - p0);
+                const std::size_t bytes = std::size_t(rows * row_elems(a)) * elem_bytes();
+                std::memcpy(kv_row(a, d, p0, 0), kv_row(a, s, p0, 0), bytes);
+                std::memcpy(kv_row(a, d, p0, 1), kv_row(a, s, p0, 1), bytes);
+            }
+    }
     struct page_chunk {  // kChunk pages of every attention layer, K and V
         std::vector<std::unique_ptr<std::byte[]>> k, v;
     };
