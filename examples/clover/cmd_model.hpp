@@ -50,6 +50,7 @@ void generate_parallel(const Opts& o) {
     for (std::size_t i = 0; i < prompts.size(); ++i) {
         jobs[i].prompt = prompts[i];
         jobs[i].session_ctx = o.ctx > 0 ? o.ctx : 0;
+        jobs[i].kv_f16 = o.kv == "f16";
         jobs[i].o = &g;
         jobs[i].dec = dec;
         jobs[i].on_token = [&out, i](token t) { out[i].push_back(t); return true; };
@@ -72,7 +73,7 @@ inline void add_model_commands(CLI::App& app) {
     {
         auto* c = app.add_subcommand("logits", "Evaluate ids as one prompt and write float32 logits [n_ids, n_vocab]");
         struct opts {
-            std::string model, ids, ids_file, out, block_ids;
+            std::string model, ids, ids_file, out, block_ids, kv = "f32";
             int threads = 0;
             long long coreset = -1;
         };
@@ -82,6 +83,8 @@ inline void add_model_commands(CLI::App& app) {
         c->add_option("--ids-file", o->ids_file, "file with prompt ids (comma or whitespace separated)");
         c->add_option("-o,--output", o->out, "output file (float32, little-endian, row-major)")->required();
         c->add_option("--block-ids", o->block_ids, "block rows for one preview pass after the prompt");
+        c->add_option("--ctk,--cache-type-k", o->kv, "KV cache type: f32 (default here: parity checks compare with F32 references) or f16")
+            ->check(CLI::IsMember({"f16", "f32"}));
         c->add_option("--coreset", o->coreset, "expert coreset size for the preview pass (default: the file's)")
             ->check(CLI::Range(0LL, 1LL << 20));
         c->add_option("-t,--threads", o->threads, "threads (0: all)");
@@ -94,7 +97,7 @@ inline void add_model_commands(CLI::App& app) {
             if (!o->block_ids.empty() && block.empty()) fail("logits: --block-ids is empty");
             if (o->coreset >= 0 && block.empty()) fail("logits: --coreset needs --block-ids");
             auto m = open_model(o->model, o->threads);
-            auto s = m->new_session({.ctx = std::int64_t(ids.size() + block.size())});
+            auto s = m->new_session({.ctx = std::int64_t(ids.size() + block.size()), .kv_f16 = o->kv == "f16"});
             std::vector<float> logits;
             if (block.empty()) {
                 m->commit(s, ids, logits_rows::all, logits);
@@ -109,7 +112,7 @@ inline void add_model_commands(CLI::App& app) {
     {
         auto* c = app.add_subcommand("generate", "Generate token ids after a prompt of ids");
         struct opts {
-            std::string model, ids, ids_file, decoder = "ar";
+            std::string model, ids, ids_file, decoder = "ar", kv = "f32";
             long long n = 32, ctx = 0, block = 32, coreset = -1;
             bool coreset_set = false;
             int threads = 0;
@@ -139,6 +142,8 @@ inline void add_model_commands(CLI::App& app) {
         c->add_option("--seed", o->seed, "sampling seed");
         c->add_option("-c,--ctx-size", o->ctx, "context size (0: prompt + n)")->check(CLI::Range(0LL, 1LL << 31));
         c->add_option("-t,--threads", o->threads, "threads (0: all)");
+        c->add_option("--ctk,--cache-type-k", o->kv, "KV cache type: f32 (default here: parity checks compare with F32 references) or f16")
+            ->check(CLI::IsMember({"f16", "f32"}));
         c->add_option("--parallel", o->parallel,
                       "each line of --ids-file is one sequence; up to N decode together (one batched pass per step); "
                       "one line of ids per sequence on stdout, in input order")
@@ -150,7 +155,7 @@ inline void add_model_commands(CLI::App& app) {
             if (ids.empty()) fail("generate: no token ids given");
             auto m = open_model(o->model, o->threads);
             const std::int64_t ctx = o->ctx > 0 ? o->ctx : std::int64_t(ids.size()) + o->n + o->block;
-            auto s = m->new_session({.ctx = ctx});
+            auto s = m->new_session({.ctx = ctx, .kv_f16 = o->kv == "f16"});
             decode::generate_options g;
             g.max_tokens = o->n;
             g.ignore_eos = o->ignore_eos;

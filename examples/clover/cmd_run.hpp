@@ -105,7 +105,7 @@ inline void run_on_sigint(int) {
 inline void add_run_commands(CLI::App& app) {
     auto* c = app.add_subcommand("run", "Stream a model's answer to a prompt (--chat: a conversation)");
     struct opts {
-        std::string model, prompt, system, decoder = "ar";
+        std::string model, prompt, system, decoder = "ar", kv = "f16";
         long long n = 512, ctx = 4096, block = 32, coreset = -1;
         int threads = 0, top_k = 20;
         float temp = 0.6f, top_p = 0.95f, min_p = 0.f, threshold = 0.95f, repeat_penalty = 1.f, presence_penalty = 0.f;
@@ -136,6 +136,7 @@ inline void add_run_commands(CLI::App& app) {
     c->add_flag("--raw", o->raw, "send the prompt as plain text, without the chat format");
     c->add_flag("-q,--quiet", o->quiet, "no progress bar");
     c->add_option("-t,--threads", o->threads, "threads (0: all)");
+    c->add_option("--ctk,--cache-type-k", o->kv, "KV cache type: f16 (default) or f32")->check(CLI::IsMember({"f16", "f32"}));
     c->callback([o] {
         if (!o->chat && o->prompt.empty()) fail("run: give a prompt (-p TEXT) or --chat");
         if (o->chat && o->raw) fail("run: --raw and --chat do not go together");
@@ -182,7 +183,7 @@ inline void add_run_commands(CLI::App& app) {
                 fail("run: the prompt has ", ids.size(), " tokens; the context holds ", o->ctx, " (raise -c/--ctx-size)");
             auto gg = g;
             gg.max_tokens = std::min<std::int64_t>(o->n, o->ctx - std::int64_t(ids.size()));
-            auto s = m->new_session({.ctx = o->ctx});
+            auto s = m->new_session({.ctx = o->ctx, .kv_f16 = o->kv == "f16"});
             streaming_decoder sd(tok);
             std::string text;
             if (opened_think) std::fputs("<think>\n", stdout);

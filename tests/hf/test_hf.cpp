@@ -32,7 +32,7 @@ std::vector<token> ids_for(std::int64_t vocab, std::size_t n, std::uint64_t seed
 
 std::vector<float> logits_of(std::shared_ptr<const io::gguf_file> f, const std::vector<token>& ids) {
     rt_model m(std::move(f), {2});
-    auto s = m.new_session({.ctx = 64});
+    auto s = m.new_session({.ctx = 64, .kv_f16 = false});  // F32 KV: the loaders are compared, not the cache
     std::vector<float> l;
     m.commit(s, ids, logits_rows::all, l);
     return l;

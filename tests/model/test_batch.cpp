@@ -105,7 +105,7 @@ TEST_CASE("a batch refuses bad segments before touching any state") {
     rt_model m(load(path), {1});
     auto a = m.new_session({.ctx = 8});
     auto b = m.new_session({.ctx = 8});
-    auto c = m.new_session({.ctx = 8, .kv_f16 = true});
+    auto c = m.new_session({.ctx = 8, .kv_f16 = false});  // a and b: the default, F16
     std::vector<token> ok = {1, 2, 3}, bad = {1, 9999};
     std::vector<float> lg;
     pass_request r1{&a, pass_kind::commit, ok, 1}, r2{&b, pass_kind::commit, bad, 1};

@@ -152,7 +152,7 @@ TEST_CASE("F16 KV cache: logits within F16 rounding of the F32 cache; prefill+de
     rt_model m(load(path), {2});
     const auto ids = ids_of(50, 300, 4);
     std::vector<float> a, b, c;
-    auto s32 = m.new_session({.ctx = 64});
+    auto s32 = m.new_session({.ctx = 64, .kv_f16 = false});
     auto s16 = m.new_session({.ctx = 64, .kv_f16 = true});
     m.commit(s32, ids, logits_rows::all, a);
     m.commit(s16, ids, logits_rows::all, b);
@@ -177,7 +177,7 @@ TEST_CASE("whole model in Q4_K, Q5_K, Q6_K and the Q4_K_M mix equals the indepen
         CAPTURE(name);
         const std::string path = testutil::synth_file(name, spec);
         rt_model m(load(path), {2});
-        auto s = m.new_session({.ctx = 32});
+        auto s = m.new_session({.ctx = 32, .kv_f16 = false});  // the reference keeps K/V in full precision
         const auto ids = ids_of(12, spec.n_vocab - 7, 7);
         std::vector<float> ours;
         m.commit(s, ids, logits_rows::all, ours);
@@ -196,7 +196,7 @@ TEST_CASE("whole model in Q4_K, Q5_K, Q6_K and the Q4_K_M mix equals the indepen
         int tight = 0;
         for (int k = 0; k < 6; ++k) {
             const token id = token((k * 97 + 5) % (spec.n_vocab - 7));
-            auto s1 = m.new_session({.ctx = 4});
+            auto s1 = m.new_session({.ctx = 4, .kv_f16 = false});
             std::vector<float> a;
             m.commit(s1, std::span<const token>(&id, 1), logits_rows::all, a);
             ref::model r1(path);

@@ -13,7 +13,9 @@ namespace clover {
 struct session_options {
     std::int64_t ctx = 4096;   // maximum tokens (prompt + output): the pages reserved for it
     std::int64_t batch = 512;  // rows per commit pass chunk (bounds scratch memory)
-    bool kv_f16 = false;       // KV pages in F16 (half the memory; K and V rounded once)
+    // KV pages in F16 (llama.cpp's default too: half the memory, K and V rounded once); F32
+    // for the parity checks, which compare with F32 references (clover logits --ctk f32).
+    bool kv_f16 = true;
 };
 
 namespace detail {
