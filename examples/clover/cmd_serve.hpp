@@ -44,7 +44,7 @@ inline std::string api_key(const std::string& flag, const std::string& file) {
 inline void add_serve_commands(CLI::App& app) {
     auto* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health)");
     struct opts {
-        std::string model, alias, key_file;
+        std::string model, alias, key_file, kv = "f16";
         int threads = 0;
         bool quiet = false;
         server::options srv;
@@ -63,6 +63,11 @@ inline void add_serve_commands(CLI::App& app) {
         ->allow_extra_args(false);
     c->add_option("-a,--alias", o->alias, "model name served in /v1/models (default: the file name)");
     c->add_option("-c,--ctx-size", s.ctx, "context per request (prompt + answer)")->check(CLI::Range(16LL, 1LL << 24));
+    c->add_option("--parallel", s.parallel, "requests generating together, one batched pass per step (continuous batching)")
+        ->check(CLI::Range(1LL, 4096LL));
+    c->add_option("--batch-tokens", s.batch_tokens, "rows per batched step: prompt chunks of new requests wait beyond it")
+        ->check(CLI::Range(1LL, 1LL << 20));
+    c->add_option("--ctk,--cache-type-k", o->kv, "KV cache type: f16 (default) or f32")->check(CLI::IsMember({"f16", "f32"}));
     c->add_option("--max-tokens", s.max_tokens_limit, "largest max_tokens a request may ask for")->check(CLI::Range(1LL, 1LL << 24));
     c->add_option("-n,--n-predict", s.default_max_tokens, "max_tokens when a request gives none")->check(CLI::Range(1LL, 1LL << 24));
     c->add_option("--max-body", s.max_body_bytes, "largest request body in bytes")->check(CLI::Range(std::size_t(1024), std::size_t(1) << 30));
@@ -88,6 +93,7 @@ inline void add_serve_commands(CLI::App& app) {
         if (o->srv.decoder == "speculative" && o->srv.block < 2) fail("serve: --block must be at least 2 for the speculative decoder");
         if (o->srv.max_tokens_limit > o->srv.ctx) o->srv.max_tokens_limit = o->srv.ctx;
         o->srv.default_max_tokens = std::min(o->srv.default_max_tokens, o->srv.max_tokens_limit);
+        o->srv.kv_f16 = o->kv == "f16";
         o->srv.model_id = o->alias.empty() ? std::filesystem::path(path).filename().replace_extension().string() : o->alias;
         const tokenizer tok = tokenizer::from_file(path);
         auto m = load_with_progress(path, o->threads, o->quiet);

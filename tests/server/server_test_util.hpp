@@ -238,6 +238,13 @@ inline server::options opts(int port = 0) {
     o.port = port;
     return o;
 }
+// One request generating at a time: what a scripted_model needs (its script is keyed by the
+// length of the one prompt it has seen), and what the queueing tests count on.
+inline server::options serial_opts(int port = 0) {
+    server::options o = opts(port);
+    o.parallel = 1;
+    return o;
+}
 
 inline json user(const std::string& text) { return json{{"messages", json::array({{{"role", "user"}, {"content", text}}})}}; }
 

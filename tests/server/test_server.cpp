@@ -89,7 +89,7 @@ TEST_CASE("server: stop strings end the answer and are cut out") {
     scripted_model sm(f.m);
     sm.after = f.tok.eog_ids().front();
     sm.script = f.tok.encode("alpha beta STOP gamma delta");
-    server::basic_server<scripted_model> srv(sm, f.tok, opts());
+    server::basic_server<scripted_model> srv(sm, f.tok, serial_opts());
     const int port = srv.start();
     json req = {{"prompt", "x"}, {"max_tokens", 40}, {"stop", "STOP"}};
     auto r = post(port, "/v1/completions", req);
@@ -111,7 +111,7 @@ TEST_CASE("server: thinking on and off (reasoning_content apart from content)") 
     auto& f = fx();
     scripted_model sm(f.m);
     sm.after = f.tok.eog_ids().front();
-    server::basic_server<scripted_model> srv(sm, f.tok, opts());
+    server::basic_server<scripted_model> srv(sm, f.tok, serial_opts());
     const int port = srv.start();
 
     // Thinking on (the default): the prompt opens <think>, the model closes it.
@@ -143,7 +143,7 @@ TEST_CASE("server: a tool-call round trip (two calls in one turn, streamed as de
     auto& f = fx();
     scripted_model sm(f.m);
     sm.after = f.tok.eog_ids().front();
-    server::basic_server<scripted_model> srv(sm, f.tok, opts());
+    server::basic_server<scripted_model> srv(sm, f.tok, serial_opts());
     const int port = srv.start();
     const json tools = json::parse(R"([
       {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -208,7 +208,7 @@ TEST_CASE("server: decoder options (ar, diffusion, speculative give the same scr
     scripted_model sm(f.m);
     sm.after = f.tok.eog_ids().front();
     sm.script = f.tok.encode("The quick brown fox jumps over the lazy dog.");
-    server::basic_server<scripted_model> srv(sm, f.tok, opts());
+    server::basic_server<scripted_model> srv(sm, f.tok, serial_opts());
     const int port = srv.start();
     json req = {{"prompt", "x"}, {"max_tokens", 64}};
     for (const char* d : {"ar", "diffusion", "speculative"}) {
@@ -378,7 +378,7 @@ TEST_CASE("server: a client that disconnects mid-stream cancels its generation a
     sm.after = f.tok.eog_ids().front();
     sm.script.assign(3000, f.tok.encode("a").front());
     sm.delay = std::chrono::microseconds(2000);  // 3000 tokens would take more than 6 s
-    server::basic_server<scripted_model> srv(sm, f.tok, opts());
+    server::basic_server<scripted_model> srv(sm, f.tok, serial_opts());
     const int port = srv.start();
     json req = {{"prompt", "x"}, {"max_tokens", 3000}};
     const auto t0 = std::chrono::steady_clock::now();
@@ -410,7 +410,7 @@ TEST_CASE("server: stop() ends queued and running requests; a second server can 
     sm.after = f.tok.eog_ids().front();
     sm.script.assign(2000, f.tok.encode("a").front());
     sm.delay = std::chrono::microseconds(2000);
-    auto srv = std::make_unique<server::basic_server<scripted_model>>(sm, f.tok, opts());
+    auto srv = std::make_unique<server::basic_server<scripted_model>>(sm, f.tok, serial_opts());
     const int port = srv->start();
     std::vector<std::thread> th;
     std::atomic<int> answered{0};
@@ -425,7 +425,7 @@ TEST_CASE("server: stop() ends queued and running requests; a second server can 
     for (auto& t : th) t.join();
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
     srv.reset();
-    server::basic_server<scripted_model> again(sm, f.tok, opts(port));
+    server::basic_server<scripted_model> again(sm, f.tok, serial_opts(port));
     CHECK(again.start() == port);
 }
 

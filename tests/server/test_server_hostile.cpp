@@ -114,7 +114,7 @@ TEST_CASE("hostile: a model whose vocabulary is larger than its tokenizer's: che
     sm.after = f.tok.eog_ids().front();
     sm.script = f.tok.encode("fine so far");
     sm.script.push_back(555);
-    server::basic_server<scripted_model> srv(sm, f.tok, opts());
+    server::basic_server<scripted_model> srv(sm, f.tok, serial_opts());
     const int port = srv.start();
     json req = {{"prompt", "x"}, {"max_tokens", 20}};
     auto s = stream(port, "/v1/completions", req);
@@ -145,7 +145,7 @@ TEST_CASE("hostile: a non-streaming client that hangs up cancels its generation 
     sm.after = f.tok.eog_ids().front();
     sm.script.assign(3000, f.tok.encode("a").front());
     sm.delay = std::chrono::microseconds(2000);  // 3000 tokens: more than 6 s
-    server::basic_server<scripted_model> srv(sm, f.tok, opts());
+    server::basic_server<scripted_model> srv(sm, f.tok, serial_opts());
     const int port = srv.start();
     const std::string body = json{{"prompt", "x"}, {"max_tokens", 3000}}.dump();
     {

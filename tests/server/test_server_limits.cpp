@@ -114,7 +114,7 @@ TEST_CASE("limits: 64 requests at once: the excess gets 503 at once and /health 
     sm.after = f.tok.eog_ids().front();
     sm.script.assign(20, f.tok.encode("a").front());
     sm.delay = std::chrono::microseconds(5000);  // about 100 ms per request
-    server::basic_server<scripted_model> srv(sm, f.tok, opts());
+    server::basic_server<scripted_model> srv(sm, f.tok, serial_opts());
     const int port = srv.start();
     std::vector<int> status(64, 0);
     std::vector<std::thread> th;

@@ -51,6 +51,9 @@ struct options {
     std::vector<std::string> allowed_hosts;// Host names accepted besides loopback ones (loopback servers)
     std::string model_id = "clover";       // the name /v1/models lists and requests may give
     std::int64_t ctx = 4096;               // tokens per request (prompt + output)
+    bool kv_f16 = true;                    // KV cache in F16 (false: F32)
+    std::int64_t parallel = 4;             // requests generating together (continuous batching)
+    std::int64_t batch_tokens = 512;       // rows per batched step (prompt chunks wait beyond it)
     std::int64_t max_tokens_limit = 4096;  // a request asking for more gets a 400
     std::int64_t default_max_tokens = 512; // when the request gives none (clamped to the context)
     std::size_t max_body_bytes = 4u << 20;

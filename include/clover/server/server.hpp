@@ -12,9 +12,10 @@
 // for requests other than completions, so /health answers while completions wait. Before a
 // handler runs, every request passes the trust checks (trust.hpp: Host, Origin/CORS, API key)
 // and the body checks (no Content-Encoding, a length or chunks, at most max_body_bytes, counted
-// as it is read, JSON at most 512 levels deep). Generations run one at a time on a single model
-// thread that takes requests from a FIFO queue, so outputs never mix and each request sees the
-// model alone. A client that goes away is noticed (streaming: at the next write, tokens or
+// as it is read, JSON at most 512 levels deep). Generations run on a single model thread that
+// takes requests from a FIFO queue into a continuous batch (decode/runner.hpp): up to
+// `parallel` requests generate together, one batched pass per step, each with its own session,
+// decoder and sampler; a request's output is what it would be alone (greedy). A client that goes away is noticed (streaming: at the next write, tokens or
 // keep-alive comments while it waits; otherwise by looking at its socket while waiting) and its
 // generation is cancelled: the token callback returns false and the model moves on.
 //
@@ -29,6 +30,7 @@
 #include <algorithm>
 #include <deque>
 #include <filesystem>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,7 +54,9 @@ struct counters {
     std::int64_t cancelled = 0;  // generations stopped (or skipped) because the client went away
     std::int64_t rejected = 0;   // 4xx / 503 answers to completion requests
     std::int64_t queued = 0;     // waiting now
-    bool busy = false;           // a generation is running now
+    std::int64_t running = 0;    // generating now (at most options::parallel, batched together)
+    std::int64_t peak_running = 0;  // the most that ever generated together
+    bool busy = false;           // running > 0
 };
 
 template <class Model>
@@ -63,6 +67,8 @@ public:
         mi_.n_expert = m.hp().n_expert;
         mi_.diffusion_unavailable = m.diffusion_unavailable();
         if (opt_.ctx < 2) fail("serve: the context must hold at least 2 tokens");
+        if (opt_.parallel < 1) fail("serve: --parallel must be at least 1");
+        if (opt_.batch_tokens < 1) fail("serve: --batch-tokens must be at least 1");
         if (opt_.decoder != "ar" && !mi_.diffusion_unavailable.empty())
             fail("serve: decoder '", opt_.decoder, "' needs block diffusion, which this model cannot run: ", mi_.diffusion_unavailable);
         // Prompt ids must be rows of the model. More rows than tokens is how checkpoints pad
@@ -132,7 +138,8 @@ public:
         std::lock_guard lk(mu_);
         counters c = counters_;
         c.queued = std::int64_t(queue_.size());
-        c.busy = busy_;
+        c.running = running_;
+        c.busy = running_ > 0;
         return c;
     }
 
@@ -212,59 +219,112 @@ private:
         return j;
     }
 
+    // The model thread: continuous batching (decode/runner.hpp). Between steps it admits queued
+    // requests up to `parallel` running ones, then runs one batched pass over all of them; a
+    // request that ends (finished, stopped, cancelled, its client gone) leaves at once and frees
+    // its session.
     void worker_loop() {
-        for (;;) {
+        struct running {
             std::shared_ptr<job> j;
-            {
-                std::unique_lock lk(mu_);
-                cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-                if (stopping_) return;
-                j = queue_.front();
-                queue_.pop_front();
-                if (j->client_gone) {
-                    ++counters_.cancelled;
-                    lk.unlock();
-                    finish_job(*j, "cancelled");
-                    continue;
-                }
-                busy_ = true;
-            }
-            decode::generate_stats st;
+            decode::sequence_job<decoder_choice> sj;
             std::string error;
-            try {
-                auto s = model_.new_session({.ctx = j->req.ctx});
-                std::function<bool(token)> cb = [&](token t) {
-                    if (j->cancel || stopping_) return false;
-                    if (t < 0 || std::size_t(t) >= tok_.n_vocab()) {
-                        error = "the model produced token id " + std::to_string(t) + ", which its tokenizer (" +
-                                std::to_string(tok_.n_vocab()) + " tokens) has no text for";
-                        return false;
-                    }
-                    {
-                        std::lock_guard lk(j->mu);
-                        j->tokens.push_back(t);
-                    }
-                    j->cv.notify_all();
-                    return true;
-                };
-                st = std::visit([&](const auto& d) { return decode::generate(model_, s, j->req.prompt, j->req.gen, cb, d); }, j->req.dec);
-            } catch (const std::exception& e) {
-                error = e.what();
-            } catch (...) {
-                error = "unknown error";
-            }
+        };
+        std::list<running> active;  // stable addresses: the runner holds &sj
+        // exact: a request's output does not depend on what else is in the batch (free on quantized
+        // weights; on F32/F16 ones batched products skip Eigen's blocking, whose sums depend on the rows).
+        decode::batch_runner<Model, decoder_choice> run(model_, opt_.batch_tokens, true);
+        auto end_job = [&](std::list<running>::iterator it, const std::string& step_error) {
+            job& j = *it->j;
+            const std::string& error = step_error.empty() ? it->error : step_error;
             {
                 std::lock_guard lk(mu_);
-                busy_ = false;
-                if (j->client_gone) ++counters_.cancelled;
+                if (j.client_gone) ++counters_.cancelled;
                 else ++counters_.completed;
             }
             {
-                std::lock_guard lk(j->mu);
-                j->stats = st;
+                std::lock_guard lk(j.mu);
+                j.stats = it->sj.stats;
             }
-            finish_job(*j, error);
+            finish_job(j, error);
+            active.erase(it);
+        };
+        for (;;) {
+            {
+                std::unique_lock lk(mu_);
+                cv_.wait(lk, [&] { return stopping_ || !queue_.empty() || !active.empty(); });
+                if (stopping_) break;
+                while (!queue_.empty() && std::int64_t(active.size()) < opt_.parallel) {
+                    std::shared_ptr<job> j = queue_.front();
+                    queue_.pop_front();
+                    if (j->client_gone) {
+                        ++counters_.cancelled;
+                        finish_job(*j, "cancelled");
+                        continue;
+                    }
+                    running& r = active.emplace_back();
+                    r.j = j;
+                    auto& sj = r.sj;
+                    sj.session_ctx = j->req.ctx;
+                    sj.kv_f16 = opt_.kv_f16;
+                    sj.prompt = j->req.prompt;
+                    sj.o = &j->req.gen;
+                    sj.dec = j->req.dec;
+                    sj.cancelled = [this, jp = j.get()] { return jp->cancel || jp->client_gone || stopping_; };
+                    sj.on_token = [this, rp = &r](token t) {
+                        job& jj = *rp->j;
+                        if (jj.cancel || stopping_) return false;
+                        if (t < 0 || std::size_t(t) >= tok_.n_vocab()) {
+                            rp->error = "the model produced token id " + std::to_string(t) + ", which its tokenizer (" +
+                                        std::to_string(tok_.n_vocab()) + " tokens) has no text for";
+                            return false;
+                        }
+                        {
+                            std::lock_guard lk(jj.mu);
+                            jj.tokens.push_back(t);
+                        }
+                        jj.cv.notify_all();
+                        return true;
+                    };
+                    try {
+                        run.add(sj);
+                    } catch (const std::exception& e) {
+                        active.pop_back();
+                        ++counters_.completed;
+                        lk.unlock();
+                        finish_job(*j, e.what());
+                        lk.lock();
+                    }
+                }
+                running_ = std::int64_t(active.size());
+                counters_.peak_running = std::max(counters_.peak_running, running_);
+            }
+            if (active.empty()) continue;
+            std::vector<decode::sequence_job<decoder_choice>*> ended;
+            std::string step_error;
+            try {
+                ended = run.step();
+            } catch (const std::exception& e) {  // the runner ended every job of the step
+                step_error = e.what();
+            } catch (...) {
+                step_error = "unknown error";
+            }
+            if (!step_error.empty()) {
+                while (!active.empty()) end_job(active.begin(), step_error);
+            } else {
+                for (auto* sj : ended)
+                    for (auto it = active.begin(); it != active.end(); ++it)
+                        if (&it->sj == sj) {
+                            end_job(it, {});
+                            break;
+                        }
+            }
+            std::lock_guard lk(mu_);
+            running_ = std::int64_t(active.size());
         }
+        // Stopping: the runner's sessions close with it; every running request is told.
+        while (!active.empty()) end_job(active.begin(), "the server is shutting down");
+        std::lock_guard lk(mu_);
+        running_ = 0;
     }
 
     static std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -419,7 +479,7 @@ private:
             // only for whoever has it.
             if (opt_.api_key.empty() || policy_.key_ok(req.get_header_value("Authorization"), req.get_header_value("X-Api-Key"))) {
                 const counters c = stats();
-                j = {{"status", "ok"}, {"model", opt_.model_id}, {"busy", c.busy}, {"queued", c.queued},
+                j = {{"status", "ok"}, {"model", opt_.model_id}, {"busy", c.busy}, {"running", c.running}, {"queued", c.queued},
                      {"requests", c.requests}, {"completed", c.completed}, {"cancelled", c.cancelled}};
             }
             res.set_content(dump(j), "application/json");
@@ -634,7 +694,7 @@ private:
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::shared_ptr<job>> queue_;
-    bool busy_ = false;
+    std::int64_t running_ = 0;  // generations in the runner now
     std::atomic<bool> stopping_{false};
     counters counters_;
 
