@@ -7,6 +7,7 @@
 // one JSON line.
 //
 //   bench_server [MODEL] [--clients 16] [--requests 4] [--max-tokens 64] [--decoder ar|diffusion|speculative] [--threads N]
+//                [--parallel N] [--batch-tokens N]     (the server's continuous batching; 1: one at a time)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,6 +40,7 @@ struct sample {
     std::vector<double> gaps;
     long tokens = 0;
     bool ok = false;
+    std::string why;  // a failed request: its status or the client's error
 };
 
 }  // namespace
@@ -46,6 +48,7 @@ struct sample {
 int main(int argc, char** argv) try {
     std::string path, decoder = "ar";
     int clients = 16, requests = 4, max_tokens = 64, threads = 0;
+    long long parallel = 4, batch_tokens = 512;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         auto next = [&] {
@@ -57,8 +60,10 @@ int main(int argc, char** argv) try {
         else if (a == "--max-tokens") max_tokens = std::stoi(next());
         else if (a == "--decoder") decoder = next();
         else if (a == "--threads") threads = std::stoi(next());
+        else if (a == "--parallel") parallel = std::stoll(next());
+        else if (a == "--batch-tokens") batch_tokens = std::stoll(next());
         else if (a == "-h" || a == "--help") {
-            std::printf("bench_server [MODEL] [--clients N] [--requests R] [--max-tokens T] [--decoder ar|diffusion|speculative] [--threads N]\n");
+            std::printf("bench_server [MODEL] [--clients N] [--requests R] [--max-tokens T] [--decoder ar|diffusion|speculative] [--threads N] [--parallel N] [--batch-tokens N]\n");
             return 0;
         } else path = a;
     }
@@ -78,9 +83,13 @@ int main(int argc, char** argv) try {
     server::options o;
     o.port = 0;
     o.model_id = "bench";
-    o.http_threads = clients + 4;
+    // A quarter of the HTTP threads is kept for short requests: enough that every client can hold
+    // a completion (clients + 4 left the 16th client a 503).
+    o.http_threads = clients * 4 / 3 + 4;
     o.max_queue = std::size_t(clients) * 2;
     o.decoder = decoder;
+    o.parallel = parallel;
+    o.batch_tokens = batch_tokens;
     server::server srv(m, tok, o);
     const int port = srv.start();
 
@@ -126,6 +135,7 @@ int main(int argc, char** argv) try {
                 auto res = cli.send(req);
                 const auto end = clk::now();
                 s.ok = res && res->status == 200;
+                if (!s.ok) s.why = res ? "status " + std::to_string(res->status) + " " + res->body.substr(0, 160) : httplib::to_string(res.error());
                 s.total = std::chrono::duration<double>(end - start).count();
                 s.ttft = got_first ? std::chrono::duration<double>(first - start).count() : s.total;
                 if (got_first && s.tokens > 1) s.tpot = std::chrono::duration<double>(last - first).count() / double(s.tokens - 1);
@@ -137,6 +147,8 @@ int main(int argc, char** argv) try {
     const double wall = std::chrono::duration<double>(clk::now() - t0).count();
     srv.stop();
 
+    for (const auto& s : all)
+        if (!s.ok) std::printf("failed request: %s\n", s.why.c_str());
     std::vector<double> ttft, tpot, gaps, lat;
     long tokens = 0, ok = 0;
     for (const auto& s : all) {
@@ -149,8 +161,8 @@ int main(int argc, char** argv) try {
         for (double g : s.gaps) gaps.push_back(g * 1e3);
     }
     std::printf("bench_server: %s%s%s\n", path.c_str(), note.empty() ? "" : " — ", note.c_str());
-    std::printf("clients %d x requests %d, max_tokens %d, decoder %s: %ld/%zu ok in %.2f s\n", clients, requests, max_tokens,
-                decoder.c_str(), ok, all.size(), wall);
+    std::printf("clients %d x requests %d, max_tokens %d, decoder %s, parallel %lld: %ld/%zu ok in %.2f s\n", clients, requests,
+                max_tokens, decoder.c_str(), parallel, ok, all.size(), wall);
     std::printf("throughput: %.2f requests/s, %.1f output tokens/s\n", double(ok) / wall, double(tokens) / wall);
     std::printf("%-22s %10s %10s %10s %10s\n", "metric (ms)", "p50", "p90", "p99", "max");
     auto row = [](const char* n, const std::vector<double>& v) {
@@ -161,6 +173,7 @@ int main(int argc, char** argv) try {
     row("inter-chunk gap", gaps);
     row("request latency", lat);
     json j = {{"bench", "server"}, {"model", path}, {"note", note}, {"clients", clients}, {"requests", requests}, {"max_tokens", max_tokens},
+              {"parallel", parallel}, {"batch_tokens", batch_tokens},
               {"decoder", decoder}, {"ok", ok}, {"total", all.size()}, {"seconds", wall}, {"requests_per_s", double(ok) / wall},
               {"tokens_per_s", double(tokens) / wall},
               {"ttft_ms", {{"p50", pct(ttft, 50)}, {"p90", pct(ttft, 90)}, {"p99", pct(ttft, 99)}}},
