@@ -111,6 +111,7 @@ inline void add_run_commands(CLI::App& app) {
         float temp = 0.6f, top_p = 0.95f, min_p = 0.f, threshold = 0.95f, repeat_penalty = 1.f, presence_penalty = 0.f;
         unsigned long long seed = 0;
         bool seed_set = false, greedy = false, no_think = false, chat = false, raw = false, quiet = false, ignore_eos = false;
+        bool no_cache = false;
     };
     auto o = std::make_shared<opts>();
     c->add_option("-m,--model", o->model, std::string("GGUF model file or HF folder (default: the bundled ") + bundled_model_name + ")");
@@ -134,6 +135,8 @@ inline void add_run_commands(CLI::App& app) {
     c->add_flag("--no-think", o->no_think, "no thinking: the prompt closes the think block");
     c->add_flag("--chat", o->chat, "interactive conversation on stdin (/reset clears it, /exit or EOF ends)");
     c->add_flag("--raw", o->raw, "send the prompt as plain text, without the chat format");
+    c->add_flag("--no-cache", o->no_cache, "--chat: compute every turn's prompt from its start (by default a turn resumes from the "
+                                           "last state that the new prompt still begins with)");
     c->add_flag("-q,--quiet", o->quiet, "no progress bar");
     c->add_option("-t,--threads", o->threads, "threads (0: all)");
     c->add_option("--ctk,--cache-type-k", o->kv, "KV cache type: f16 (default) or f32")->check(CLI::IsMember({"f16", "f32"}));
@@ -169,6 +172,22 @@ inline void add_run_commands(CLI::App& app) {
 
         std::vector<chat::message> conv;
         if (!o->system.empty()) conv.push_back(chat::system_msg(o->system));
+        // The conversation's session: a turn resumes from the latest GDN checkpoint that the new
+        // prompt still begins with (KV rows are positional; the GDN state is not, so only a
+        // checkpoint can be returned to). Checkpoints go at the end of each user message and at
+        // the end of each answer: the Qwen template drops earlier turns' reasoning (and empty
+        // think blocks), so the rendering can change right after the assistant's header.
+        session conv_s = m->new_session({.ctx = o->ctx, .kv_f16 = o->kv == "f16"});
+        auto resume_point = [&](const std::vector<token>& ids) -> std::int64_t {
+            if (o->no_cache || !o->chat) return 0;
+            const auto& have = conv_s.tokens();
+            std::size_t same = 0;
+            while (same < have.size() && same + 1 < ids.size() && have[same] == ids[same]) ++same;
+            std::int64_t best = 0;
+            for (std::int64_t c : m->checkpoints(conv_s))
+                if (c <= std::int64_t(same)) best = c;
+            return best;
+        };
         // One answer: render, generate while streaming, summary on stderr; returns the text.
         auto answer = [&](bool& opened_think) {
             chat::render_options ro;
@@ -178,12 +197,34 @@ inline void add_run_commands(CLI::App& app) {
             encode_options eo;
             eo.parse_special = !o->raw;
             const auto ids = tok.encode(prompt_text, eo);
+            // Where the last message ends (before the assistant's header): the next turn's
+            // rendering keeps everything up to here, whatever the template does to this answer.
+            std::size_t msg_end = 0;
+            if (o->chat && !o->no_cache) {
+                auto ro2 = ro;
+                ro2.add_generation_prompt = false;
+                const auto head = tok.encode(chat::render(fmt, conv, ro2), eo);
+                while (msg_end < head.size() && msg_end + 1 < ids.size() && head[msg_end] == ids[msg_end]) ++msg_end;
+            }
             if (ids.empty()) fail("run: the prompt is empty");
             if (std::int64_t(ids.size()) >= o->ctx)
                 fail("run: the prompt has ", ids.size(), " tokens; the context holds ", o->ctx, " (raise -c/--ctx-size)");
             auto gg = g;
             gg.max_tokens = std::min<std::int64_t>(o->n, o->ctx - std::int64_t(ids.size()));
-            auto s = m->new_session({.ctx = o->ctx, .kv_f16 = o->kv == "f16"});
+            const std::int64_t reused = resume_point(ids);
+            session& s = conv_s;
+            m->restore(s, reused);
+            std::span<const token> todo(ids.data() + reused, ids.size() - std::size_t(reused));
+            double head_seconds = 0;
+            if (o->chat && !o->no_cache && std::int64_t(msg_end) > reused) {  // up to the message's end, then a checkpoint
+                const auto t0 = std::chrono::steady_clock::now();
+                std::vector<float> none;
+                const std::size_t n = msg_end - std::size_t(reused);
+                m->commit(s, todo.first(n), logits_rows::none, none);
+                m->checkpoint(s);
+                todo = todo.subspan(n);
+                head_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            }
             streaming_decoder sd(tok);
             std::string text;
             if (opened_think) std::fputs("<think>\n", stdout);
@@ -200,7 +241,8 @@ inline void add_run_commands(CLI::App& app) {
                 std::fflush(stdout);
                 return run_interrupts.load() == 0;
             };
-            auto st = std::visit([&](const auto& d) { return decode::generate(*m, s, ids, gg, cb, d); }, dec);
+            auto st = std::visit([&](const auto& d) { return decode::generate(*m, s, todo, gg, cb, d); }, dec);
+            if (o->chat && !o->no_cache) m->checkpoint(s);
             const std::string rest = sd.finish();
             text += rest;
             std::fwrite(rest.data(), 1, rest.size(), stdout);
@@ -208,9 +250,9 @@ inline void add_run_commands(CLI::App& app) {
             std::fflush(stdout);
             if (!bad_token.empty())
                 fail("run: the model produced token id ", bad_token, ", which its tokenizer (", tok.n_vocab(), " tokens) has no text for");
-            std::fprintf(stderr, "[%lld tokens, %lld passes, TPF %.2f, %.1f tok/s | prompt %lld tokens in %.2f s | %s, stop: %s]\n",
+            std::fprintf(stderr, "[%lld tokens, %lld passes, TPF %.2f, %.1f tok/s | prompt %lld tokens (%lld reused) in %.2f s | %s, stop: %s]\n",
                          (long long)st.tokens, (long long)st.passes(), st.tokens_per_pass(),
-                         st.seconds > 0 ? double(st.tokens) / st.seconds : 0.0, (long long)st.prompt_tokens, st.prompt_seconds,
+                         st.seconds > 0 ? double(st.tokens) / st.seconds : 0.0, (long long)ids.size(), (long long)reused, head_seconds + st.prompt_seconds,
                          server::decoder_name(dec).c_str(), st.stop_reason == "callback" ? "interrupted" : st.stop_reason.c_str());
             return text;
         };

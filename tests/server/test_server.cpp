@@ -7,6 +7,8 @@
 // continuation, so tool calls and thinking come out exactly as a trained model would write them.
 #include <doctest/doctest.h>
 
+#include <cctype>
+
 #include <sys/wait.h>
 
 #include <atomic>
@@ -435,9 +437,14 @@ struct proc_result {
     int status = -1;
     std::string out, err;
 };
-proc_result sh(const std::string& args) {
+proc_result sh(const std::string& args, const std::string& input = {}) {
     const std::string err_path = testutil::tmp("server_cli_err.txt");
-    const std::string cmd = "timeout 60 " + std::string(CLOVER_CLI) + " " + args + " 2>" + err_path + " </dev/null";
+    std::string in = "/dev/null";
+    if (!input.empty()) {
+        in = testutil::tmp("server_cli_in.txt");
+        std::ofstream(in) << input;
+    }
+    const std::string cmd = "timeout 60 " + std::string(CLOVER_CLI) + " " + args + " 2>" + err_path + " <" + in;
     proc_result r;
     std::FILE* p = popen(cmd.c_str(), "r");
     REQUIRE(p != nullptr);
@@ -479,6 +486,37 @@ TEST_CASE("clover run: streams, prints the summary line, says clearly when the b
         std::filesystem::current_path(cwd);
         CHECK(bundled.status == 0);
         CHECK(bundled.err.find("3 tokens") != std::string::npos);
+    }
+}
+
+// The "(N reused)" counts of a run's summary lines, in order.
+std::vector<long> reused_counts(const std::string& err) {
+    std::vector<long> v;
+    for (std::size_t at = err.find(" reused)"); at != std::string::npos; at = err.find(" reused)", at + 1)) {
+        std::size_t b = at;
+        while (b > 0 && std::isdigit(static_cast<unsigned char>(err[b - 1]))) --b;
+        v.push_back(std::stol(err.substr(b, at - b)));
+    }
+    return v;
+}
+
+TEST_CASE("clover run --chat: later turns resume from the conversation's state and answer as if recomputed") {
+    const auto& path = model_path();
+    const std::string input = "hello there\nand what comes next?\nthird turn, short\n";
+    for (const char* think : {" --no-think", ""}) {
+        CAPTURE(think);
+        auto cached = sh("run --chat -m " + path + " -n 8 --greedy -q" + think, input);
+        auto fresh = sh("run --chat -m " + path + " -n 8 --greedy -q --no-cache" + think, input);
+        REQUIRE(cached.status == 0);
+        REQUIRE(fresh.status == 0);
+        CHECK(cached.out == fresh.out);
+        const auto rc = reused_counts(cached.err), rf = reused_counts(fresh.err);
+        REQUIRE(rc.size() == 3);
+        REQUIRE(rf.size() == 3);
+        CHECK(rc[0] == 0);
+        CHECK(rc[1] > 0);  // the first turn's prompt at least
+        CHECK(rc[2] > rc[1]);
+        CHECK(rf == std::vector<long>{0, 0, 0});
     }
 }
 
