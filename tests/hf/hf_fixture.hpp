@@ -19,7 +19,7 @@
 #include <clover/io/canonical_form.hpp>
 #include <clover/io/gguf.hpp>
 #include <clover/io/gguf_writer.hpp>
-#include <clover/arch/hparams.hpp>
+#include <clover/arch/registry.hpp>
 #include <clover/quant/rows.hpp>
 #include <clover/tokenizer/pretokenizer.hpp>
 

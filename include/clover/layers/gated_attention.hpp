@@ -2,12 +2,15 @@
 // Gated full attention (architecture.md §2.2) as backend primitives: q_proj gives per head
 // [query | gate]; q/k RMSNorm per head before partial NEOX rope; GQA; softmax over the paged
 // cache and the new rows (causal; preview blocks bidirectional within the block); output ⊙
-// sigmoid(gate); o_proj. The layer knows the backend concept only.
+// sigmoid(gate); o_proj. The layer owns its tensors (attention_weights::bind), says what it
+// keeps per sequence (state_spec) and runs as primitives of the backend concept (forward).
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "clover/arch/dims.hpp"
+#include "clover/arch/hparams.hpp"
 #include "clover/arch/weights.hpp"
 #include "clover/backend/concept.hpp"
 #include "clover/core/batch.hpp"
@@ -15,7 +18,45 @@
 namespace clover::layers {
 
 template <variant V>
+struct gated_attention;
+
+// The tensors of one gated-attention layer. They do not depend on the variant (sizes come from
+// the file), so one binding serves every dims<V>.
+struct attention_weights {
+    template <variant V>
+    using layer = gated_attention<V>;  // the layer that runs these weights (model::forward visits by it)
+
+    weight wq;      // [n_head*2*head_dim, n_embd]: per head [query | gate]
+    weight wk, wv;  // [n_head_kv*head_dim, n_embd]
+    weight wo;      // [n_embd, n_head*head_dim]
+    weight q_norm, k_norm;  // [head_dim] f32
+
+    // Binds blk.N.attn_* under prefix p ("blk.N."). Files merge q|k|v into one attn_qkv tensor
+    // or keep three; both become three row views, so forward sees one shape.
+    static attention_weights bind(weight_binder& b, const std::string& p, const hparams& h) {
+        const std::int64_t E = h.n_embd, hd = h.head_dim, nq = h.n_head * hd, nkv = h.n_head_kv * hd;
+        attention_weights a;
+        if (b.has(p + "attn_qkv.weight")) {  // merged q|k|v rows
+            weight qkv = b.matrix(p + "attn_qkv.weight", {E, 2 * nq + 2 * nkv});
+            a.wq = qkv.row_slice(0, 2 * nq);
+            a.wk = qkv.row_slice(2 * nq, nkv);
+            a.wv = qkv.row_slice(2 * nq + nkv, nkv);
+        } else {
+            a.wq = b.matrix(p + "attn_q.weight", {E, 2 * nq});
+            a.wk = b.matrix(p + "attn_k.weight", {E, nkv});
+            a.wv = b.matrix(p + "attn_v.weight", {E, nkv});
+        }
+        a.wo = b.matrix(p + "attn_output.weight", {nq, E});
+        a.q_norm = b.vector_f32(p + "attn_q_norm.weight", {hd});
+        a.k_norm = b.vector_f32(p + "attn_k_norm.weight", {hd});
+        return a;
+    }
+};
+
+template <variant V>
 struct gated_attention {
+    using weights = attention_weights;
+
     // What it keeps per sequence: K and V rows of n_head_kv heads.
     static backend::layer_state_spec state_spec(const dims<V>& d) {
         backend::layer_state_spec s;
@@ -34,7 +75,7 @@ struct gated_attention {
     // x: [n, n_embd] normed input -> out: [n, n_embd]. Five primitives.
     template <backend::backend_for B>
     static void forward(B& be, typename B::context& cx, typename B::state& st, const batch& bt, std::int64_t layer,
-                        const dims<V>& d, const attention_weights& w, typename B::tensor x, typename B::tensor out) {
+                        const dims<V>& d, const weights& w, typename B::tensor x, typename B::tensor out) {
         using backend::buf;
         using T = typename B::tensor;
         const std::int64_t n = bt.rows(), H = d.n_head(), hd = d.head_dim(), kvw = d.n_head_kv() * hd;

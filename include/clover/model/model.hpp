@@ -1,7 +1,8 @@
 #pragma once
-// The composed model: embedding, then per layer a token mixer chosen by the layer pattern
-// (gated attention or Gated DeltaNet) and a sparse MoE, both pre-norm residual; final norm and
-// LM head. Template on the variant (static or from_file dimensions) and on the backend policy.
+// The composed model: embedding, then per layer a token mixer of the layer's kind (the type its
+// weights hold: gated attention or Gated DeltaNet, as the architecture bound it) and a sparse
+// MoE, both pre-norm residual; final norm and LM head. Template on the variant (static or
+// from_file dimensions) and on the backend policy.
 //
 // A pass is a batch of segments from many sequences (core/batch.hpp), run as a fixed sequence
 // of backend primitives (execution.md rule 1) with one read-back at the end (rule 2). The
@@ -14,11 +15,13 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "clover/arch/dims.hpp"
 #include "clover/arch/hparams.hpp"
-#include "clover/arch/weights.hpp"
+#include "clover/arch/model_weights.hpp"
+#include "clover/arch/registry.hpp"
 #include "clover/backend/concept.hpp"
 #include "clover/backend/cpu/cpu.hpp"
 #include "clover/core/batch.hpp"
@@ -59,6 +62,9 @@ public:
     using attention_layer = layers::gated_attention<V>;
     using gdn_layer = layers::gated_deltanet<V>;
     using moe_layer = layers::sparse_moe<V>;
+    // The layer that runs a token mixer's weights W (each weights type names it).
+    template <class W>
+    using mixer_layer = typename W::template layer<V>;
 
     explicit model(std::shared_ptr<const io::gguf_file> file, typename Backend::options opt = {},
                    void (*warn)(const std::string&) = nullptr)
@@ -68,12 +74,10 @@ public:
         be_.map_weights(file->map().bytes());
         const dims<V> d = dim();
         for (std::int64_t il = 0; il < d.n_layer(); ++il) {
-            if (weights_.layers[std::size_t(il)].recurrent) {
-                spec_.push_back(gdn_layer::state_spec(d));
-                gdn_layers_.push_back(il);
-            } else {
-                spec_.push_back(attention_layer::state_spec(d));
-            }
+            spec_.push_back(std::visit([&]<class W>(const W&) { return mixer_layer<W>::state_spec(d); },
+                                       weights_.layers[std::size_t(il)].mixer));
+            // Rollback restores the layers that keep a GDN state: the spec says which.
+            if (spec_.back().k == backend::layer_state_spec::kind::gdn) gdn_layers_.push_back(il);
         }
     }
     model(const model&) = delete;
@@ -263,8 +267,7 @@ private:
         be_.rms_norm(cx, h, weights_.layers[0].attn_norm, u, eps);
         for (std::int64_t il = 0; il < d.n_layer(); ++il) {
             const layer_weights& L = weights_.layers[std::size_t(il)];
-            if (L.recurrent) gdn_layer::forward(be_, cx, st, bt, il, d, L.gdn, u, y);
-            else attention_layer::forward(be_, cx, st, bt, il, d, L.attn, u, y);
+            std::visit([&]<class W>(const W& w) { mixer_layer<W>::forward(be_, cx, st, bt, il, d, w, u, y); }, L.mixer);
             be_.add_rms_norm(cx, h, y, L.post_norm, u, eps);
             moe_layer::forward(be_, cx, bt, d, L.moe, u, y);
             const weight& next = il + 1 < d.n_layer() ? weights_.layers[std::size_t(il + 1)].attn_norm : weights_.output_norm;
