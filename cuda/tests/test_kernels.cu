@@ -152,7 +152,7 @@ CUDA_TEST_CASE("GDN conv + SiLU (with look-ahead taps), ring advance and q/k L2 
         const std::int64_t C = d.conv_channels();
         auto ring = testutil::random_vec(static_cast<std::size_t>((K - 1) * C), 51), m = testutil::random_vec(static_cast<std::size_t>(n * C), 52);
         auto wc = testutil::random_vec(static_cast<std::size_t>(C * K), 53), right = testutil::random_vec(static_cast<std::size_t>(C * (K - 1)), 54);
-        gdn_weights gw;
+        layers::gdn_weights gw;
         gw.conv = f32_weight(wc);
         for (bool look : {false, true}) {
             std::vector<float> y(static_cast<std::size_t>(n * C));
