@@ -70,7 +70,28 @@ TEST_CASE("batching: 8 requests with mixed decoders generate together and each e
         CHECK(c.completed == 8);
         CHECK(c.peak_running >= 2);  // they really shared steps
         CHECK(c.running == 0);
+        // The same counters for Prometheus.
+        const auto metrics = get(port, "/metrics");
+        CHECK(metrics.status == 200);
+        CHECK(metrics.raw.find("# TYPE clover_requests_completed_total counter\nclover_requests_completed_total 8\n") != std::string::npos);
+        CHECK(metrics.raw.find("clover_requests_running 0\n") != std::string::npos);
+        CHECK(metrics.raw.find("clover_requests_running_peak " + std::to_string(c.peak_running) + "\n") != std::string::npos);
+        CHECK(metrics.raw.find("clover_generated_tokens_total " + std::to_string(c.generated_tokens) + "\n") != std::string::npos);
+        CHECK(c.generated_tokens > 0);
+        CHECK(c.prompt_tokens > 0);
     }
+}
+
+TEST_CASE("batching: /metrics needs the API key when the server has one") {
+    auto& f = fx();
+    auto o = opts();
+    o.api_key = "k3y";
+    server::server srv(f.m, f.tok, o);
+    const int port = srv.start();
+    CHECK(get(port, "/metrics").status == 401);
+    const auto ok = get(port, "/metrics", {{"Authorization", "Bearer k3y"}});
+    CHECK(ok.status == 200);
+    CHECK(ok.raw.find("clover_requests_total 0\n") != std::string::npos);
 }
 
 TEST_CASE("batching: a client that leaves mid-batch frees its sequence; the others' answers are unchanged") {

@@ -7,7 +7,7 @@
 //   srv.stop();
 //
 // Endpoints: POST /v1/chat/completions, POST /v1/completions (each streaming as SSE or not),
-// GET /v1/models, GET /health. Connections pass the gate (guard.hpp: headers complete within
+// GET /v1/models, GET /health, GET /metrics (Prometheus text). Connections pass the gate (guard.hpp: headers complete within
 // the request timeout, bounded connections, a bounded pool); a quarter of the pool is kept
 // for requests other than completions, so /health answers while completions wait. Before a
 // handler runs, every request passes the trust checks (trust.hpp: Host, Origin/CORS, API key)
@@ -56,6 +56,8 @@ struct counters {
     std::int64_t queued = 0;     // waiting now
     std::int64_t running = 0;    // generating now (at most options::parallel, batched together)
     std::int64_t peak_running = 0;  // the most that ever generated together
+    std::int64_t prompt_tokens = 0;    // prompt tokens computed by finished generations
+    std::int64_t generated_tokens = 0; // tokens they produced
     bool busy = false;           // running > 0
 };
 
@@ -240,6 +242,8 @@ private:
                 std::lock_guard lk(mu_);
                 if (j.client_gone) ++counters_.cancelled;
                 else ++counters_.completed;
+                counters_.prompt_tokens += it->sj.stats.prompt_tokens;
+                counters_.generated_tokens += it->sj.stats.tokens;
             }
             {
                 std::lock_guard lk(j.mu);
@@ -486,6 +490,27 @@ private:
         };
         svr.Get("/health", health);
         svr.Get("/v1/health", health);
+        // Prometheus text format (version 0.0.4). With an API key it needs the key, as /v1 does.
+        svr.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+            if (!opt_.api_key.empty() && !policy_.key_ok(req.get_header_value("Authorization"), req.get_header_value("X-Api-Key")))
+                return reply_error(res, 401, "/metrics needs the API key (Authorization: Bearer KEY)", "authentication_error");
+            const counters c = stats();
+            std::string out;
+            auto metric = [&](const char* name, const char* type, const char* help, std::int64_t v) {
+                out += std::string("# HELP clover_") + name + " " + help + "\n# TYPE clover_" + name + " " + type + "\nclover_" + name +
+                       " " + std::to_string(v) + "\n";
+            };
+            metric("requests_total", "counter", "Completion requests accepted into the queue.", c.requests);
+            metric("requests_completed_total", "counter", "Generations that ran to their end.", c.completed);
+            metric("requests_cancelled_total", "counter", "Generations stopped or skipped because the client went away.", c.cancelled);
+            metric("requests_rejected_total", "counter", "4xx and 503 answers to completion requests.", c.rejected);
+            metric("requests_running", "gauge", "Requests generating now (batched together).", c.running);
+            metric("requests_queued", "gauge", "Requests waiting for a place in the batch.", c.queued);
+            metric("requests_running_peak", "gauge", "The most requests that ever generated together.", c.peak_running);
+            metric("prompt_tokens_total", "counter", "Prompt tokens computed by finished generations.", c.prompt_tokens);
+            metric("generated_tokens_total", "counter", "Tokens produced by finished generations.", c.generated_tokens);
+            res.set_content(out, "text/plain; version=0.0.4");
+        });
         auto models = [this](const httplib::Request&, httplib::Response& res) {
             json list = {{"object", "list"}, {"data", json::array({model_json()})}};
             res.set_content(dump(list), "application/json");
