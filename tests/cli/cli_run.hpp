@@ -1,6 +1,7 @@
 #pragma once
-// Runs the built `clover` command (CLOVER_CLI) with a time limit and no stdin; captures stdout,
-// stderr and the exit status (-signal when killed). Shared by the CLI test files.
+// Runs the built `clover` command (CLOVER_CLI) with a time limit and the given stdin (none by
+// default); captures stdout, stderr and the exit status (-signal when killed). Shared by the CLI
+// test files and test_server's `clover run` / `serve` tests.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
@@ -19,10 +20,16 @@ struct result {
     std::string out, err;
 };
 
-inline result run(const std::string& args, int timeout_s = 60, const std::string& err_name = "cli_err.txt") {
+inline result run(const std::string& args, int timeout_s = 60, const std::string& err_name = "cli_err.txt",
+                  const std::string& input = {}) {
     const std::string err_path = testutil::tmp(err_name);
+    std::string in = "/dev/null";
+    if (!input.empty()) {
+        in = testutil::tmp(err_name + ".in");
+        std::ofstream(in) << input;
+    }
     const std::string cmd =
-        "timeout " + std::to_string(timeout_s) + " " + std::string(CLOVER_CLI) + " " + args + " 2>" + err_path + " </dev/null";
+        "timeout " + std::to_string(timeout_s) + " " + std::string(CLOVER_CLI) + " " + args + " 2>" + err_path + " <" + in;
     result r;
     std::FILE* p = popen(cmd.c_str(), "r");
     REQUIRE(p != nullptr);

@@ -3,13 +3,25 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include <clover/core/error.hpp>
 #include <clover/core/rng.hpp>
 #include <clover/model/synth.hpp>
 
 namespace testutil {
+
+// The message of the clover::error f throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const clover::error& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
 
 inline std::string tmp(const std::string& name) { return std::string(CLOVER_TEST_TMP) + "/" + name; }
 

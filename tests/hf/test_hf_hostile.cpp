@@ -42,14 +42,7 @@ fs::path fresh(const std::string& name) {
     return dir;
 }
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const error& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
+using testutil::error_of;
 
 std::string nested(std::size_t depth) {
     std::string s;

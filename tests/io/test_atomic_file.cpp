@@ -26,14 +26,7 @@ fs::path fresh_dir(const std::string& name) {
 
 std::span<const std::byte> bytes_of(const std::string& s) { return std::as_bytes(std::span(s.data(), s.size())); }
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const error& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
+using testutil::error_of;
 
 }  // namespace
 

@@ -67,14 +67,7 @@ struct gguf_bytes {
     }
 };
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const error& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
+using testutil::error_of;
 
 void expect_gguf_error(const std::string& path, const std::string& needle) {
     CAPTURE(path);

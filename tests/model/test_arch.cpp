@@ -48,14 +48,7 @@ bound bind_file(const std::string& path) {
 
 bool is_gdn(const layer_weights& L) { return std::holds_alternative<layers::gdn_weights>(L.mixer); }
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const error& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
+using testutil::error_of;
 
 }  // namespace
 

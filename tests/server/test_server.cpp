@@ -21,6 +21,9 @@
 #include <thread>
 
 #include "server_test_util.hpp"
+#ifdef CLOVER_CLI
+#include "../cli/cli_run.hpp"
+#endif
 
 using namespace server_test;
 
@@ -433,31 +436,8 @@ TEST_CASE("server: stop() ends queued and running requests; a second server can 
 
 #ifdef CLOVER_CLI
 namespace {
-struct proc_result {
-    int status = -1;
-    std::string out, err;
-};
-proc_result sh(const std::string& args, const std::string& input = {}) {
-    const std::string err_path = testutil::tmp("server_cli_err.txt");
-    std::string in = "/dev/null";
-    if (!input.empty()) {
-        in = testutil::tmp("server_cli_in.txt");
-        std::ofstream(in) << input;
-    }
-    const std::string cmd = "timeout 60 " + std::string(CLOVER_CLI) + " " + args + " 2>" + err_path + " <" + in;
-    proc_result r;
-    std::FILE* p = popen(cmd.c_str(), "r");
-    REQUIRE(p != nullptr);
-    char buf[4096];
-    std::size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    const int st = pclose(p);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    std::ifstream e(err_path);
-    std::stringstream ss;
-    ss << e.rdbuf();
-    r.err = ss.str();
-    return r;
+clitest::result sh(const std::string& args, const std::string& input = {}) {
+    return clitest::run(args, 60, "server_cli_err.txt", input);
 }
 }  // namespace
 

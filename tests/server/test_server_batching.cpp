@@ -28,6 +28,8 @@ std::string answer_of(const reply& r) {
     return (m["content"].is_string() ? m["content"].get<std::string>() : std::string()) + "|" + m.value("reasoning_content", std::string());
 }
 
+std::string answer_of(const streamed& s) { return s.done ? s.content + "|" + s.reasoning : "<stream failed>"; }
+
 // Each request alone, on a server that runs one generation at a time.
 std::vector<std::string> alone(int n, int max_tokens = 20) {
     auto& f = fx();
@@ -56,7 +58,7 @@ TEST_CASE("batching: 8 requests with mixed decoders generate together and each e
             th.emplace_back([&, k] {
                 if (k % 2) {
                     auto s = stream(port, "/v1/chat/completions", request_for(k));
-                    got[std::size_t(k)] = s.done ? s.content + "|" + s.reasoning : "<stream failed>";
+                    got[std::size_t(k)] = answer_of(s);
                 } else {
                     got[std::size_t(k)] = answer_of(post(port, "/v1/chat/completions", request_for(k)));
                 }
@@ -112,7 +114,7 @@ TEST_CASE("batching: a client that leaves mid-batch frees its sequence; the othe
                 got[1] = s.done ? "<finished>" : "<left>";
             } else {
                 auto s = stream(port, "/v1/chat/completions", r);
-                got[std::size_t(k)] = s.done ? s.content + "|" + s.reasoning : "<stream failed>";
+                got[std::size_t(k)] = answer_of(s);
             }
         });
     for (auto& t : th) t.join();
@@ -127,7 +129,8 @@ TEST_CASE("batching: a client that leaves mid-batch frees its sequence; the othe
         r["decoder"] = "ar";
         r["chat_template_kwargs"] = {{"enable_thinking", false}};
         auto s = stream(p1, "/v1/chat/completions", r);
-        CHECK(got[std::size_t(k)] == s.content + "|" + s.reasoning);
+        REQUIRE(s.done);
+        CHECK(got[std::size_t(k)] == answer_of(s));
     }
 }
 

@@ -11,6 +11,7 @@
 #include "clover/io/gguf_writer.hpp"
 #include "clover/tokenizer/streaming_decoder.hpp"
 #include "clover/tokenizer/tokenizer.hpp"
+#include "../common/test_util.hpp"
 #include "tokenizer_test_util.hpp"
 
 using namespace clover;
@@ -294,14 +295,7 @@ std::string write(const std::string& name, const std::string& body) {
     return p;
 }
 
-std::string error_of(auto&& f) {
-    try {
-        f();
-    } catch (const clover::error& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
+using testutil::error_of;
 
 }  // namespace
 

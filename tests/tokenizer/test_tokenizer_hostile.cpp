@@ -10,6 +10,7 @@
 #include "../io/hostile_util.hpp"
 #include "clover/tokenizer/byte_level.hpp"
 #include "clover/tokenizer/tokenizer.hpp"
+#include "../common/test_util.hpp"
 #include "tokenizer_test_util.hpp"
 
 using namespace clover;
@@ -22,14 +23,7 @@ std::string write(const std::string& name, const std::string& body) {
     return p;
 }
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const clover::error& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
+using testutil::error_of;
 
 // The 256 byte tokens as a model.vocab body, ids 0..255.
 std::string byte_vocab() {
