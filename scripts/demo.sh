@@ -75,7 +75,7 @@ run_prompt() {
     done
 }
 
-run_prompt "codec table: encodings/cp*.py, ~100 near-identical files in the training data" \
+run_prompt "codec table: encodings/*.py, 70 charmap codecs of one generated pattern in the stdlib" \
 'encoding_map = {
     0x0080: 0x00c7,     #  LATIN CAPITAL LETTER C WITH CEDILLA
     0x0081: 0x00fc,     #  LATIN SMALL LETTER U WITH DIAERESIS
