@@ -168,9 +168,18 @@ struct load_result {
     double wall = 0;
 };
 
-// `clients` threads each send `requests` requests (body(c, r)) to a fresh server.
-load_result run_load(model_t& m, const tokenizer& tok, const server::options& o, int clients, int requests,
-                     const std::function<json(int, int)>& body, const std::string& warm_text = {}) {
+using body_table = std::vector<std::vector<json>>;  // [client][request], made before the clock starts
+
+body_table make_bodies(int clients, int requests, const std::function<json(int, int)>& body) {
+    body_table t(static_cast<std::size_t>(clients));
+    for (int c = 0; c < clients; ++c)
+        for (int r = 0; r < requests; ++r) t[std::size_t(c)].push_back(body(c, r));
+    return t;
+}
+
+// `clients` threads each send `requests` requests (bodies[c][r]) to a fresh server.
+load_result run_load(model_t& m, const tokenizer& tok, const server::options& o, int clients, int requests, const body_table& bodies,
+                     const std::string& warm_text = {}) {
     server::server srv(m, tok, o);
     const int port = srv.start();
     if (!warm_text.empty()) warm_up(port, warm_text);
@@ -183,7 +192,7 @@ load_result run_load(model_t& m, const tokenizer& tok, const server::options& o,
             httplib::Client cli("127.0.0.1", port);
             cli.set_read_timeout(600);
             for (int r = 0; r < requests; ++r) {
-                auto s = bench::stream_chat(cli, body(c, r));
+                auto s = bench::stream_chat(cli, bodies[std::size_t(c)][std::size_t(r)]);
                 std::lock_guard lk(mu);
                 out.all.push_back(std::move(s));
             }
@@ -236,11 +245,12 @@ std::string poem_request(const bench::prompt_counter& pc, int c, int r, long pro
 int load_mode(model_t& m, const tokenizer& tok, const config& c, bench::json_lines& out) {
     const server::options o = server_options(c, c.clients);
     const bench::prompt_counter pc{tok, o};
-    const auto lr = run_load(m, tok, o, c.clients, c.requests, [&](int cl, int r) {
+    const body_table bodies = make_bodies(c.clients, c.requests, [&](int cl, int r) {
         return json{{"messages", json::array({{{"role", "user"}, {"content", poem_request(pc, cl, r, c.prompt_tokens, false)}}})},
                     {"max_tokens", c.max_tokens}, {"stream", true}, {"temperature", 0.7}, {"seed", cl * 1000 + r},
                     {"chat_template_kwargs", {{"enable_thinking", false}}}};
     });
+    const auto lr = run_load(m, tok, o, c.clients, c.requests, bodies);
     const load_stats s = summarize(lr);
     const double wall = lr.wall;
     std::printf("bench_server: %s%s%s\n", c.path.c_str(), c.note.empty() ? "" : " — ", c.note.c_str());
@@ -273,18 +283,16 @@ int sweep_mode(model_t& m, const tokenizer& tok, const config& c, bench::json_li
     const int most = *std::max_element(c.sweep.begin(), c.sweep.end());
     const server::options o = server_options(c, most);
     const bench::prompt_counter pc{tok, o};
-    // Every (client, request) has its own prompt, numbered first so that no two share more than
-    // the template's opening (a prefix cache finds nothing to reuse between them).
-    std::vector<std::vector<json>> bodies(static_cast<std::size_t>(most));
+    // Every (client, request) has its own prompt, numbered first so that no two share more than a
+    // few tokens (a prefix cache finds next to nothing to reuse between them).
+    const body_table bodies = make_bodies(most, c.requests, [&](int cl, int r) {
+        return json{{"messages", json::array({{{"role", "user"}, {"content", poem_request(pc, cl, r, c.prompt_tokens, true)}}})},
+                    {"max_tokens", c.max_tokens}, {"ignore_eos", true}, {"stream", true}, {"temperature", 0},
+                    {"chat_template_kwargs", {{"enable_thinking", false}}}};
+    });
     long prompt_sum = 0;
-    for (int cl = 0; cl < most; ++cl)
-        for (int r = 0; r < c.requests; ++r) {
-            json b = {{"messages", json::array({{{"role", "user"}, {"content", poem_request(pc, cl, r, c.prompt_tokens, true)}}})},
-                      {"max_tokens", c.max_tokens}, {"ignore_eos", true}, {"stream", true}, {"temperature", 0},
-                      {"chat_template_kwargs", {{"enable_thinking", false}}}};
-            prompt_sum += pc.count(b);
-            bodies[std::size_t(cl)].push_back(std::move(b));
-        }
+    for (const auto& per_client : bodies)
+        for (const auto& b : per_client) prompt_sum += pc.count(b);
     const double prompt_mean = double(prompt_sum) / double(most * c.requests);
     const std::string warm_text = bench::filler(tok, std::max(16L, c.prompt_tokens), 999);
 
@@ -296,7 +304,7 @@ int sweep_mode(model_t& m, const tokenizer& tok, const config& c, bench::json_li
     std::vector<row_t> rows;
     int failed = 0;
     for (int n : c.sweep) {
-        const auto lr = run_load(m, tok, o, n, c.requests, [&](int cl, int r) { return bodies[std::size_t(cl)][std::size_t(r)]; }, warm_text);
+        const auto lr = run_load(m, tok, o, n, c.requests, bodies, warm_text);
         const load_stats s = summarize(lr);
         failed += int(lr.all.size()) - int(s.ok);
         rows.push_back({n, s.ok, long(lr.all.size()), s.tokens, lr.wall, double(s.tokens) / lr.wall, pct(s.ttft, 50), pct(s.ttft, 95),
