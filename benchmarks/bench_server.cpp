@@ -25,7 +25,8 @@
 //                [--parallel N] [--batch-tokens N]     (the server's continuous batching; 1: one at a time)
 //                [--ctx N]                             (tokens per request; default 4096, the conversation: what it needs)
 //                [--sweep 1,4,8,16] [--prompt-tokens 128]
-//                [--conversation] [--turns 8] [--history-tokens 2000] [--turn-tokens 500] [--cache-mib 4096]
+//                [--conversation] [--turns 8] [--history-tokens 2000] [--turn-tokens 500]
+//                [--cache-mib 4096]                    (the server's prefix cache budget, 0: off; the conversation's "on" run)
 //                [--json-out FILE]                     (appends every JSON line to FILE, e.g. benchmarks/results/*.jsonl)
 #include <algorithm>
 #include <cstdio>
@@ -110,7 +111,7 @@ config parse_args(int argc, char** argv) {
         else if (a == "--turns") c.turns = int(positive(a, next()));
         else if (a == "--history-tokens") c.history_tokens = long(positive(a, next()));
         else if (a == "--turn-tokens") c.turn_tokens = long(positive(a, next()));
-        else if (a == "--cache-mib") c.cache_mib = positive(a, next());
+        else if (a == "--cache-mib") c.cache_mib = positive(a, next(), 0);
         else if (a == "--json-out") c.json_out = next();
         else if (a == "-h" || a == "--help") {
             std::printf("%s", usage_text);
@@ -205,7 +206,7 @@ load_result run_load(model_t& m, const tokenizer& tok, const server::options& o,
 
 struct load_stats {
     std::vector<double> ttft, tpot, gaps, lat;  // ms
-    long tokens = 0, ok = 0;
+    long tokens = 0, ok = 0, cached = 0;  // cached: prompt tokens the prefix cache gave (-1: not reported)
 };
 
 load_stats summarize(const load_result& r) {
@@ -217,6 +218,8 @@ load_stats summarize(const load_result& r) {
         }
         ++s.ok;
         s.tokens += x.tokens;
+        const long cached = bench::cached_tokens(x.usage);
+        s.cached = cached < 0 || s.cached < 0 ? -1 : s.cached + cached;
         s.ttft.push_back(x.ttft * 1e3);
         s.lat.push_back(x.total * 1e3);
         if (x.tpot >= 0) s.tpot.push_back(x.tpot * 1e3);
@@ -281,7 +284,8 @@ json ratio_or_null(std::optional<double> x) { return x ? json(*x) : json(nullptr
 
 int sweep_mode(model_t& m, const tokenizer& tok, const config& c, bench::json_lines& out) {
     const int most = *std::max_element(c.sweep.begin(), c.sweep.end());
-    const server::options o = server_options(c, most);
+    server::options o = server_options(c, most);
+    set_cache_mib(o, c.cache_mib);
     const bench::prompt_counter pc{tok, o};
     // Every (client, request) has its own prompt, numbered first so that no two share more than a
     // few tokens (a prefix cache finds next to nothing to reuse between them).
@@ -298,7 +302,7 @@ int sweep_mode(model_t& m, const tokenizer& tok, const config& c, bench::json_li
 
     struct row_t {
         int clients;
-        long ok, total, tokens;
+        long ok, total, tokens, cached;
         double wall, tps, ttft50, ttft95, tpot50, tpot95;
     };
     std::vector<row_t> rows;
@@ -307,7 +311,7 @@ int sweep_mode(model_t& m, const tokenizer& tok, const config& c, bench::json_li
         const auto lr = run_load(m, tok, o, n, c.requests, bodies, warm_text);
         const load_stats s = summarize(lr);
         failed += int(lr.all.size()) - int(s.ok);
-        rows.push_back({n, s.ok, long(lr.all.size()), s.tokens, lr.wall, double(s.tokens) / lr.wall, pct(s.ttft, 50), pct(s.ttft, 95),
+        rows.push_back({n, s.ok, long(lr.all.size()), s.tokens, s.cached, lr.wall, double(s.tokens) / lr.wall, pct(s.ttft, 50), pct(s.ttft, 95),
                         pct(s.tpot, 50), pct(s.tpot, 95)});
     }
     const row_t* one = nullptr;
@@ -318,8 +322,9 @@ int sweep_mode(model_t& m, const tokenizer& tok, const config& c, bench::json_li
 
     std::printf("bench_server --sweep: %s%s%s\n", c.path.c_str(), c.note.empty() ? "" : " — ", c.note.c_str());
     std::printf("requests %d per client, max_tokens %d (greedy, ignore_eos), prompts ~%.0f tokens, decoder %s, parallel %lld, "
-                "batch_tokens %lld, ctx %lld; one fresh server per count, one warm-up request each\n",
-                c.requests, c.max_tokens, prompt_mean, c.decoder.c_str(), c.parallel, c.batch_tokens, (long long)o.ctx);
+                "batch_tokens %lld, ctx %lld, prefix cache %s; one fresh server per count, one warm-up request each\n",
+                c.requests, c.max_tokens, prompt_mean, c.decoder.c_str(), c.parallel, c.batch_tokens, (long long)o.ctx,
+                !server_has_prefix_cache ? "none in this server" : c.cache_mib > 0 ? (std::to_string(c.cache_mib) + " MiB").c_str() : "off");
     std::printf("%7s %7s %10s %10s %10s %10s %10s %13s %20s\n", "clients", "ok", "tok/s", "TTFT p50", "TTFT p95", "TPOT p50",
                 "TPOT p95", "tok/s vs 1", "TTFT p95/1-cl. p50");
     auto ratio = [](std::optional<double> x) {
@@ -338,6 +343,7 @@ int sweep_mode(model_t& m, const tokenizer& tok, const config& c, bench::json_li
         out.emit({{"bench", "server_sweep"}, {"model", c.path}, {"note", c.note}, {"clients", r.clients}, {"requests", c.requests},
                   {"max_tokens", c.max_tokens}, {"prompt_tokens", prompt_mean}, {"decoder", c.decoder}, {"parallel", c.parallel},
                   {"batch_tokens", c.batch_tokens}, {"ctx", o.ctx}, {"ok", r.ok}, {"total", r.total}, {"tokens", r.tokens},
+                  {"cached_tokens", r.cached},
                   {"seconds", r.wall}, {"tokens_per_s", r.tps}, {"ttft_ms", {{"p50", r.ttft50}, {"p95", r.ttft95}}},
                   {"tpot_ms", {{"p50", r.tpot50}, {"p95", r.tpot95}}}, {"tokens_per_s_vs_1", ratio_or_null(vs_tps(r))},
                   {"ttft_p95_vs_1_p50", ratio_or_null(vs_ttft(r))}});
@@ -424,8 +430,7 @@ std::vector<turn_result> run_conversation(model_t& m, const tokenizer& tok, cons
         }
         t.r = bench::stream_chat(cli, body);
         t.prompt = t.r.usage.value("prompt_tokens", -1L);
-        if (auto d = t.r.usage.find("prompt_tokens_details"); d != t.r.usage.end() && d->is_object())
-            t.cached = d->value("cached_tokens", -1L);
+        t.cached = bench::cached_tokens(t.r.usage);
         t.prompt_n = t.r.timings.value("prompt_n", -1L);
         t.cache_n = t.r.timings.value("cache_n", -1L);
         const bool ok = t.r.ok;

@@ -92,6 +92,12 @@ inline reply stream_chat(httplib::Client& cli, const json& body) {
     return s;
 }
 
+// usage.prompt_tokens_details.cached_tokens; -1 when the server does not report it.
+inline long cached_tokens(const json& usage) {
+    auto d = usage.find("prompt_tokens_details");
+    return d != usage.end() && d->is_object() ? d->value("cached_tokens", -1L) : -1L;
+}
+
 // Line `i` of a fixed, tool-output-like text (a listing, compiler warnings, test results, notes);
 // `salt` shifts the numbers so that two texts with different salts differ from their first line.
 inline std::string filler_line(long i, long salt) {
