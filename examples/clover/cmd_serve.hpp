@@ -67,6 +67,9 @@ inline void add_serve_commands(CLI::App& app) {
         ->check(CLI::Range(1LL, 4096LL));
     c->add_option("--batch-tokens", s.batch_tokens, "rows per batched step: prompt chunks of new requests wait beyond it")
         ->check(CLI::Range(1LL, 1LL << 20));
+    c->add_option("--cache-ram", s.cache_ram_mib, "MiB for the prefix cache (earlier prompts' KV pages and GDN states, reused by "
+                                               "requests that share a prefix, e.g. the next turn of a chat; 0: off)")
+        ->check(CLI::Range(0LL, 1LL << 30));
     c->add_option("--ctk,--cache-type-k", o->kv, "KV cache type: f16 (default) or f32")->check(CLI::IsMember({"f16", "f32"}));
     c->add_option("--max-tokens", s.max_tokens_limit, "largest max_tokens a request may ask for")->check(CLI::Range(1LL, 1LL << 24));
     c->add_option("-n,--n-predict", s.default_max_tokens, "max_tokens when a request gives none")->check(CLI::Range(1LL, 1LL << 24));

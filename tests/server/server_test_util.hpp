@@ -112,6 +112,24 @@ struct scripted_model {
         for (std::size_t i = 0; i < ids.size(); ++i) onehot(logits.data() + i * n_vocab(), at(p0 + std::int64_t(i) + 1));
     }
     void rollback(session& s, std::int64_t keep) { base.rollback(s, keep); }
+    // The prefix cache's part of the model (the scripted tests run with the cache off: the
+    // script is keyed by the length of a prompt computed from its first token).
+    using saved_state = rt_model::saved_state;
+    std::int64_t page_size() const { return base.page_size(); }
+    std::size_t page_bytes(int pool) const { return base.page_bytes(pool); }
+    std::size_t checkpoint_bytes() const { return base.checkpoint_bytes(); }
+    std::int64_t kv_pages_used(int pool) const { return base.kv_pages_used(pool); }
+    void checkpoint(session& s) const { base.checkpoint(s); }
+    std::vector<std::int64_t> checkpoints(const session& s) const { return base.checkpoints(s); }
+    std::vector<std::int32_t> hold_pages(const session& s, std::int64_t first, std::int64_t count) const {
+        return base.hold_pages(s, first, count);
+    }
+    void drop_pages(int pool, std::span<const std::int32_t> pages) const { base.drop_pages(pool, pages); }
+    saved_state save_state(const session& s, std::int64_t pos) const { return base.save_state(s, pos); }
+    session new_session_from(session_options o, std::span<const std::int32_t> pages, std::span<const token> tokens,
+                             const saved_state& st) const {
+        return base.new_session_from(o, pages, tokens, st);
+    }
     // The batched pass the decoders drive (model::run): the real pass, then each logits row
     // replaced by the script's token for the position it predicts.
     void run(std::span<const pass_request> reqs, std::vector<float>& logits, bool exact = false) {
@@ -238,11 +256,12 @@ inline server::options opts(int port = 0) {
     o.port = port;
     return o;
 }
-// One request generating at a time: what a scripted_model needs (its script is keyed by the
-// length of the one prompt it has seen), and what the queueing tests count on.
+// One request generating at a time, no prefix cache: what a scripted_model needs (its script is
+// keyed by the length of the one prompt it has seen), and what the queueing tests count on.
 inline server::options serial_opts(int port = 0) {
     server::options o = opts(port);
     o.parallel = 1;
+    o.cache_ram_mib = 0;
     return o;
 }
 

@@ -146,6 +146,15 @@ concept backend_for = requires(B& be, typename B::context& cx, typename B::state
     st.restore(seq, n);                 // back to position n (0 or a checkpoint), later ones dropped
     st.copy_prefix(seq, seq, n);        // dst <- src's KV rows [0, n) and src's checkpoint at n
     { st.checkpoints(seq) } -> std::same_as<std::vector<std::int64_t>>;  // positions, ascending
+    // Prefix sharing (a prefix cache): KV pages with holders besides their sequence, and GDN
+    // states copied out of a sequence; a sequence opened from them shares the whole pages and
+    // never writes a page it shares.
+    { st.page_bytes() } -> std::same_as<std::size_t>;
+    { st.pages_used() } -> std::same_as<std::int64_t>;                        // held by anyone
+    { st.hold_pages(seq, n, n) } -> std::same_as<std::vector<std::int32_t>>;  // pages [first, first + count)
+    st.drop_pages(std::span<const std::int32_t>{});
+    { st.save(seq, n) } -> std::same_as<typename B::state::saved_state>;      // GDN states at 0 or a checkpoint
+    { st.open_from(n, std::span<const std::int32_t>{}, n, st.save(seq, n)) } -> std::same_as<seq_id>;
     // Keeps the first `n` rows of the sequence's last verify segment and forgets the rest:
     // KV rows truncated, the GDN states of `layers` replayed from the recorded block-start
     // state (no weights are read).

@@ -82,6 +82,7 @@ struct generate_options {
 
 struct generate_stats {
     std::int64_t prompt_tokens = 0, tokens = 0;
+    std::int64_t cached_tokens = 0;  // of prompt_tokens: taken from a prefix cache, not computed
     std::int64_t commit_passes = 0, preview_passes = 0, verify_passes = 0;
     double prompt_seconds = 0, seconds = 0;  // seconds: generation only (after the prompt)
     std::string stop_reason = "length";      // length | eog | stop | callback | context
@@ -92,6 +93,7 @@ struct generate_stats {
     std::string json() const {
         auto f = [](double x) { char b[64]; std::snprintf(b, sizeof b, "%.6g", x); return std::string(b); };
         return "{\"tokens\": " + std::to_string(tokens) + ", \"prompt_tokens\": " + std::to_string(prompt_tokens) +
+               ", \"cached_tokens\": " + std::to_string(cached_tokens) +
                ", \"passes\": " + std::to_string(passes()) + ", \"preview_passes\": " + std::to_string(preview_passes) +
                ", \"commit_passes\": " + std::to_string(commit_passes) + ", \"verify_passes\": " +
                std::to_string(verify_passes) + ", \"tokens_per_pass\": " + f(tokens_per_pass()) +

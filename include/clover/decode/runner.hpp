@@ -36,6 +36,13 @@ struct sequence_job {
     std::function<bool(token)> on_token;
     std::function<bool()> cancelled;  // optional: checked before every step; true ends the job
     Decoder dec{};
+    // Prompt indices where a prompt chunk must end, ascending; the GDN states are checkpointed
+    // there (prefix_cache.hpp's prompt_cuts: the same prefix is then chunked the same way in
+    // every prompt that has it). Empty: chunks of the session's batch rows, no checkpoints.
+    std::span<const std::int64_t> cuts;
+    // Leading prompt tokens already in `s` (a session opened from a prefix cache at a cut).
+    std::int64_t cached = 0;
+    bool checkpoint_cuts = true;  // false: cut there without saving (no cache to keep them for)
     generate_stats stats;  // filled in
 };
 
@@ -105,8 +112,18 @@ public:
     // Checks the job and opens its session (nothing starts on an error); it joins at the next step.
     void add(sequence_job<Decoder>& j) {
         check(j);
+        if (j.cached < 0 || j.cached >= std::int64_t(j.prompt.size()))
+            fail("generate: ", j.cached, " cached tokens of a prompt of ", j.prompt.size(), " (at least one must be computed)");
+        if (j.cached > 0) {
+            if (!j.s || j.s->n_past() < j.cached ||
+                !std::equal(j.prompt.begin(), j.prompt.begin() + j.cached, j.s->tokens().end() - j.cached))
+                fail("generate: the session does not end with the job's ", j.cached, " cached prompt tokens");
+        }
+        if (!std::is_sorted(j.cuts.begin(), j.cuts.end()) || (!j.cuts.empty() && j.cuts.front() < 1))
+            fail("generate: prompt cuts must be ascending positive prompt indices");
         auto L = std::make_unique<live>();
         L->job = &j;
+        L->prompt_done = j.cached;
         if (!j.s) {
             std::int64_t ctx = j.session_ctx;
             if (ctx <= 0)
@@ -188,7 +205,10 @@ private:
             // Chunks are never cut to fit the budget: a prompt is split exactly as it would be
             // alone (the GDN's chunked form depends on where chunks end), so a request's output
             // does not depend on the traffic beside it. The oldest prompt goes every step.
-            const std::int64_t m = std::min(s.batch(), n - L->prompt_done);
+            std::int64_t end = std::min(L->prompt_done + s.batch(), n);
+            const auto& cuts = L->job->cuts;
+            if (auto c = std::upper_bound(cuts.begin(), cuts.end(), L->prompt_done); c != cuts.end()) end = std::min(end, *c);
+            const std::int64_t m = end - L->prompt_done;
             if (budget_ > 0 && used + m > budget_ && !first_prompt) {
                 L->in_step = false;
                 continue;
@@ -208,9 +228,12 @@ private:
         auto& st = L.job->stats;
         if (L.in_prompt) {
             L.prompt_done += std::int64_t(L.req.rows.size());
+            if (L.job->checkpoint_cuts && std::binary_search(L.job->cuts.begin(), L.job->cuts.end(), L.prompt_done))
+                m_.checkpoint(*L.job->s);
             if (L.prompt_done < std::int64_t(L.job->prompt.size())) return true;
             L.in_prompt = false;
             st.prompt_tokens = std::int64_t(L.job->prompt.size());
+            st.cached_tokens = L.job->cached;
             st.commit_passes = 1;
             L.t1 = clk::now();
             st.prompt_seconds = std::chrono::duration<double>(L.t1 - L.t0).count();

@@ -126,6 +126,32 @@ public:
         dst.mutable_tokens().assign(src.tokens().begin(), src.tokens().begin() + pos);
     }
 
+    // Prefix sharing (decode/prefix_cache.hpp keeps prompt prefixes for later requests): the
+    // KV pages of a session's first positions and its GDN states at a checkpoint, held after
+    // the session closes, and a new session that starts from them. Pages are page_size()
+    // tokens of every attention layer, page_bytes(pool) each; a held page stays allocated
+    // until dropped. Holding costs no copy; starting from a held prefix copies only a last
+    // partial page and the GDN states.
+    using saved_state = typename Backend::state::saved_state;
+    std::size_t page_bytes(int pool) { return state_of(pool).page_bytes(); }
+    std::int64_t kv_pages_used(int pool) { return state_of(pool).pages_used(); }
+    std::vector<std::int32_t> hold_pages(const session& s, std::int64_t first, std::int64_t count) {
+        return state_of(s.pool()).hold_pages(s.id(), first, count);
+    }
+    void drop_pages(int pool, std::span<const std::int32_t> pages) { state_of(pool).drop_pages(pages); }
+    saved_state save_state(const session& s, std::int64_t pos) { return state_of(s.pool()).save(s.id(), pos); }
+    // A session of o.ctx tokens whose first tokens.size() positions are `pages` (from
+    // hold_pages, ceil(n / page_size()) of them) with GDN states `st` saved at that position.
+    session new_session_from(session_options o, std::span<const std::int32_t> pages, std::span<const token> tokens,
+                             const saved_state& st) {
+        if (o.batch < 1) fail("session: batch must be at least 1");
+        check_ids(tokens);
+        const int p = o.kv_f16 ? 1 : 0;
+        session s(this, p, state_of(p).open_from(o.ctx, pages, std::int64_t(tokens.size()), st), o);
+        s.mutable_tokens().assign(tokens.begin(), tokens.end());
+        return s;
+    }
+
     // Exact equality of two sessions' live state (tests).
     bool same_state(const session& a, const session& b) {
         return a.pool() == b.pool() && a.tokens() == b.tokens() && state_of(a.pool()).same_state(a.id(), b.id());

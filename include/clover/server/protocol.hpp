@@ -54,6 +54,9 @@ struct options {
     bool kv_f16 = true;                    // KV cache in F16 (false: F32)
     std::int64_t parallel = 4;             // requests generating together (continuous batching)
     std::int64_t batch_tokens = 512;       // rows per batched step (prompt chunks wait beyond it)
+    // The prefix cache's memory (KV pages and GDN states of earlier prompts, decode/prefix_cache.hpp),
+    // MiB; 0: no cache, every prompt computed from its first token.
+    std::int64_t cache_ram_mib = 4096;
     std::int64_t max_tokens_limit = 4096;  // a request asking for more gets a 400
     std::int64_t default_max_tokens = 512; // when the request gives none (clamped to the context)
     std::size_t max_body_bytes = 4u << 20;

@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "clover/decode/prefix_cache.hpp"
 #include "clover/server/protocol.hpp"
 #include "clover/server/response.hpp"
 #include "clover/server/sse.hpp"
@@ -56,8 +57,12 @@ struct counters {
     std::int64_t queued = 0;     // waiting now
     std::int64_t running = 0;    // generating now (at most options::parallel, batched together)
     std::int64_t peak_running = 0;  // the most that ever generated together
-    std::int64_t prompt_tokens = 0;    // prompt tokens computed by finished generations
+    std::int64_t prompt_tokens = 0;    // prompt tokens of finished generations (computed or cached)
+    std::int64_t cached_tokens = 0;    // of those, taken from the prefix cache
     std::int64_t generated_tokens = 0; // tokens they produced
+    decode::prefix_cache_stats cache;  // the prefix cache (budget 0: off)
+    std::int64_t kv_pages = 0;         // KV pages in use (sessions and the cache), page_size tokens each
+    std::int64_t kv_page_bytes = 0;
     bool busy = false;           // running > 0
 };
 
@@ -79,6 +84,9 @@ public:
             fail("serve: the tokenizer has ", tok_.n_vocab(), " tokens but the model only ", m.n_vocab(),
                  " rows (token_embd): they do not belong together");
         if (opt_.http_threads < 2) fail("serve: at least 2 HTTP threads are needed");
+        if (opt_.cache_ram_mib < 0) fail("serve: --cache-ram must not be negative");
+        if (opt_.cache_ram_mib > 0) cache_.emplace(model_, opt_.kv_f16, std::size_t(opt_.cache_ram_mib) << 20);
+        if (auto b = tok_.find_token("<|im_start|>")) boundary_ = *b;
         slots_ = opt_.http_threads - std::max(1, opt_.http_threads / 4);
         policy_.api_key = opt_.api_key;
         policy_.cors_origins = opt_.cors_origins;
@@ -142,6 +150,9 @@ public:
         c.queued = std::int64_t(queue_.size());
         c.running = running_;
         c.busy = running_ > 0;
+        if (cache_) c.cache = cache_->stats();
+        c.kv_pages = model_.kv_pages_used(opt_.kv_f16 ? 1 : 0);
+        c.kv_page_bytes = std::int64_t(model_.page_bytes(opt_.kv_f16 ? 1 : 0));
         return c;
     }
 
@@ -229,6 +240,8 @@ private:
         struct running {
             std::shared_ptr<job> j;
             decode::sequence_job<decoder_choice> sj;
+            std::optional<session> s;          // from the prefix cache (or fresh)
+            std::vector<std::int64_t> cuts;    // decode::prompt_cuts of the prompt
             std::string error;
         };
         std::list<running> active;  // stable addresses: the runner holds &sj
@@ -243,13 +256,24 @@ private:
                 if (j.client_gone) ++counters_.cancelled;
                 else ++counters_.completed;
                 counters_.prompt_tokens += it->sj.stats.prompt_tokens;
+                counters_.cached_tokens += it->sj.stats.cached_tokens;
                 counters_.generated_tokens += it->sj.stats.tokens;
             }
+
             {
                 std::lock_guard lk(j.mu);
                 j.stats = it->sj.stats;
             }
             finish_job(j, error);
+            // What the prompt computed becomes a prefix for later requests — also when the
+            // client went away half way (the checkpoints made are right). Not after a failed
+            // pass: its state is unknown.
+            if (cache_ && it->s && step_error.empty()) {
+                try {
+                    cache_->insert(*it->s, std::int64_t(j.req.prompt.size()));
+                } catch (const std::exception&) {  // a full pool: the request's answer stands, it is just not kept
+                }
+            }
             active.erase(it);
         };
         for (;;) {
@@ -271,6 +295,11 @@ private:
                     sj.session_ctx = j->req.ctx;
                     sj.kv_f16 = opt_.kv_f16;
                     sj.prompt = j->req.prompt;
+                    // Chunk ends at fixed places (every 512 tokens, message starts), with or
+                    // without a cache, so that a request's answer never depends on what was cached.
+                    r.cuts = decode::prompt_cuts(j->req.prompt, session_options{}.batch, boundary_);
+                    sj.cuts = r.cuts;
+                    sj.checkpoint_cuts = cache_.has_value();
                     sj.o = &j->req.gen;
                     sj.dec = j->req.dec;
                     sj.cancelled = [this, jp = j.get()] { return jp->cancel || jp->client_gone || stopping_; };
@@ -290,6 +319,11 @@ private:
                         return true;
                     };
                     try {
+                        if (cache_) {
+                            const session_options so{.ctx = j->req.ctx, .kv_f16 = opt_.kv_f16};
+                            r.s.emplace(cache_->open(so, j->req.prompt, std::int64_t(j->req.prompt.size()) - 1, sj.cached));
+                            sj.s = &*r.s;
+                        }
                         run.add(sj);
                     } catch (const std::exception& e) {
                         active.pop_back();
@@ -509,6 +543,16 @@ private:
             metric("requests_running_peak", "gauge", "The most requests that ever generated together.", c.peak_running);
             metric("prompt_tokens_total", "counter", "Prompt tokens computed by finished generations.", c.prompt_tokens);
             metric("generated_tokens_total", "counter", "Tokens produced by finished generations.", c.generated_tokens);
+            metric("prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix cache instead of computed.",
+                   c.cached_tokens);
+            metric("prefix_cache_hits_total", "counter", "Requests that resumed from a cached prefix.", c.cache.hits);
+            metric("prefix_cache_lookups_total", "counter", "Requests that looked in the prefix cache.", c.cache.lookups);
+            metric("prefix_cache_entries", "gauge", "Resume points (GDN checkpoints) the prefix cache holds.", c.cache.entries);
+            metric("prefix_cache_evicted_total", "counter", "Resume points evicted (least recently used first).", c.cache.evicted);
+            metric("prefix_cache_bytes", "gauge", "Bytes the prefix cache holds (KV pages and GDN states).", std::int64_t(c.cache.bytes));
+            metric("prefix_cache_budget_bytes", "gauge", "The prefix cache's budget (--cache-ram).", std::int64_t(c.cache.budget));
+            metric("kv_pages_used", "gauge", "KV pages in use by requests and the prefix cache.", c.kv_pages);
+            metric("kv_page_bytes", "gauge", "Bytes of one KV page (every attention layer, K and V).", c.kv_page_bytes);
             res.set_content(out, "text/plain; version=0.0.4");
         });
         auto models = [this](const httplib::Request&, httplib::Response& res) {
@@ -554,12 +598,22 @@ private:
     }
     static json usage_json(const request& r, const decode::generate_stats& st) {
         const std::int64_t p = std::int64_t(r.prompt.size());
-        return {{"prompt_tokens", p}, {"completion_tokens", st.tokens}, {"total_tokens", p + st.tokens}};
+        return {{"prompt_tokens", p}, {"completion_tokens", st.tokens}, {"total_tokens", p + st.tokens},
+                {"prompt_tokens_details", {{"cached_tokens", st.cached_tokens}}}};
     }
+    // Ours, then llama-server's names: prompt_n counts the prompt tokens computed, cache_n
+    // those taken from the prefix cache.
     static json timings_json(const request& r, const decode::generate_stats& st) {
+        const std::int64_t computed = std::int64_t(r.prompt.size()) - st.cached_tokens;
+        const double pms = st.prompt_seconds * 1e3, gms = st.seconds * 1e3;
         return {{"decoder", decoder_name(r.dec)}, {"passes", st.passes()}, {"tokens_per_pass", st.tokens_per_pass()},
                 {"prompt_seconds", st.prompt_seconds}, {"seconds", st.seconds},
-                {"tokens_per_second", st.seconds > 0 ? double(st.tokens) / st.seconds : 0.0}, {"stop_reason", st.stop_reason}};
+                {"tokens_per_second", st.seconds > 0 ? double(st.tokens) / st.seconds : 0.0}, {"stop_reason", st.stop_reason},
+                {"cache_n", st.cached_tokens}, {"prompt_n", computed}, {"prompt_ms", pms},
+                {"prompt_per_token_ms", computed > 0 ? pms / double(computed) : 0.0},
+                {"prompt_per_second", pms > 0 ? double(computed) * 1e3 / pms : 0.0}, {"predicted_n", st.tokens},
+                {"predicted_ms", gms}, {"predicted_per_token_ms", st.tokens > 0 ? gms / double(st.tokens) : 0.0},
+                {"predicted_per_second", gms > 0 ? double(st.tokens) * 1e3 / gms : 0.0}};
     }
 
     void completion(const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader, bool chat_api) {
@@ -722,6 +776,8 @@ private:
     std::int64_t running_ = 0;  // generations in the runner now
     std::atomic<bool> stopping_{false};
     counters counters_;
+    std::optional<decode::prefix_cache<Model>> cache_;  // used by the model thread only (stats: any)
+    token boundary_ = -1;                               // <|im_start|>: where chat messages start
 
     access_policy policy_;
     int slots_ = 1;

@@ -44,6 +44,10 @@ struct gdn_slot {
 
 class state_pool {
 public:
+    // A GDN checkpoint copied out of a sequence (a prefix cache keeps it after the sequence
+    // closes); null: position 0 or no GDN layers, the zero state.
+    using saved_state = std::shared_ptr<const gdn_checkpoint>;
+
     state_pool(std::span<const layer_state_spec> spec, const state_options& o) : opt_(o), spec_(spec.begin(), spec.end()) {
         if (o.page < 1) fail("state pool: page size must be at least 1");
         if (o.token_budget < 0) fail("state pool: token budget must not be negative");
@@ -108,7 +112,7 @@ public:
     void close(seq_id id) {
         std::lock_guard lk(*mu_);
         sequence& s = get_locked(id);
-        for (std::int32_t p : s.pages) free_pages_.push_back(p);
+        for (std::int32_t p : s.pages) unref_locked(p);
         seqs_[std::size_t(id)].reset();
     }
     std::int64_t n_past(seq_id id) const { return get(id).n_past; }
@@ -122,6 +126,7 @@ public:
     void truncate(seq_id id, std::int64_t n) {
         sequence& s = get(id);
         if (n < 0 || n > s.n_past) fail("state pool: cannot truncate a sequence of ", s.n_past, " tokens to ", n);
+        make_private(s, n / opt_.page);
         s.n_past = n;
         std::erase_if(s.checkpoints, [&](const gdn_checkpoint& c) { return c.pos > n; });  // their rows are gone
     }
@@ -157,6 +162,7 @@ public:
         sequence& s = get(id);
         if (pos < 0 || pos > s.n_past) fail("state pool: cannot restore a sequence of ", s.n_past, " tokens to position ", pos);
         const gdn_checkpoint* c = find_checkpoint(s, pos);
+        make_private(s, pos / opt_.page);
         set_gdn(s, c);
         s.n_past = pos;
         s.verify_start = -1;
@@ -172,6 +178,7 @@ public:
         if (pos < 0 || pos > s.n_past) fail("state pool: cannot copy ", pos, " tokens of a sequence of ", s.n_past);
         if (pos > d.cap) fail("state pool: cannot copy ", pos, " tokens into a sequence of capacity ", d.cap);
         const gdn_checkpoint* c = find_checkpoint(s, pos);
+        make_private(d, 0);
         copy_kv(d, s, pos);
         set_gdn(d, c);
         d.n_past = pos;
@@ -194,6 +201,7 @@ public:
         sequence& d = get(dst);
         const sequence& s = get(src);
         if (s.n_past > d.cap) fail("state pool: cannot copy ", s.n_past, " tokens into a sequence of capacity ", d.cap);
+        make_private(d, 0);
         copy_kv(d, s, s.n_past);
         for (std::size_t g = 0; g < gdn_layers_.size(); ++g) {
             d.gdn[g].S = s.gdn[g].S;
@@ -203,6 +211,85 @@ public:
         d.verify_start = -1;
         d.checkpoints = s.checkpoints;
     }
+    // ---- prefix sharing (a server's prefix cache, decode/prefix_cache.hpp) ----
+    // A page holds page_size() rows of every attention layer. Pages have holders: the sequences
+    // whose page tables list them and whoever called hold_pages; a page is free when the last
+    // one lets go. A sequence never writes a page it shares: its writes start at n_past, and
+    // going back below its shared prefix (restore, truncate, copy into it) first gives it
+    // private copies of those pages.
+    std::size_t page_bytes() const {
+        std::size_t b = 0;
+        for (std::size_t a = 0; a < kv_layers_.size(); ++a) b += 2 * std::size_t(opt_.page * row_elems(a)) * elem_bytes();
+        return b;
+    }
+    // Pages [first, first + count) of the sequence, each with one more holder.
+    std::vector<std::int32_t> hold_pages(seq_id id, std::int64_t first, std::int64_t count) {
+        std::lock_guard lk(*mu_);
+        const sequence& s = get_locked(id);
+        if (first < 0 || count < 0 || first + count > std::int64_t(s.pages.size()))
+            fail("state pool: pages [", first, ", ", first + count, ") outside the sequence's ", s.pages.size(), " pages");
+        std::vector<std::int32_t> v(s.pages.begin() + first, s.pages.begin() + first + count);
+        for (std::int32_t p : v) ++refs(p);
+        return v;
+    }
+    // Lets go of pages taken with hold_pages.
+    void drop_pages(std::span<const std::int32_t> pages) {
+        std::lock_guard lk(*mu_);
+        for (std::int32_t p : pages) unref_locked(p);
+    }
+    // The GDN states at `pos` (0 or a checkpoint of the sequence), copied out.
+    saved_state save(seq_id id, std::int64_t pos) const {
+        const gdn_checkpoint* c = find_checkpoint(get(id), pos);
+        return c ? std::make_shared<const gdn_checkpoint>(*c) : nullptr;
+    }
+    std::size_t saved_bytes(const saved_state& c) const { return c ? checkpoint_bytes() : 0; }
+    // A new sequence of `capacity` tokens whose first `pos` rows are those of `pages`
+    // (ceil(pos / page) of them, from hold_pages) and whose GDN states are `st` (saved at pos).
+    // Whole pages are shared; a last partial page is copied, since the sequence writes its
+    // rows from pos on. Pages beyond are reserved as open() does.
+    seq_id open_from(std::int64_t capacity, std::span<const std::int32_t> pages, std::int64_t pos, const saved_state& st) {
+        const std::int64_t P = opt_.page;
+        if (pos < 1 || pos >= capacity) fail("state pool: a shared prefix of ", pos, " tokens does not fit a sequence of ", capacity);
+        if (kv_layers_.empty() ? !pages.empty() : std::int64_t(pages.size()) != (pos + P - 1) / P)
+            fail("state pool: a prefix of ", pos, " tokens needs ", (pos + P - 1) / P, " pages, ", pages.size(), " were given");
+        if (!gdn_layers_.empty() && (!st || st->pos != pos || st->S.size() != gdn_layers_.size()))
+            fail("state pool: the saved GDN states are not those of position ", pos);
+        const std::int64_t shared = kv_layers_.empty() ? 0 : pos / P;
+        const std::int64_t need = (capacity + P - 1) / P - shared;
+        std::lock_guard lk(*mu_);
+        const std::int64_t in_use = n_pages_ - std::int64_t(free_pages_.size());
+        if (!kv_layers_.empty() && max_pages_ >= 0 && in_use + need > max_pages_)
+            fail("state pool: out of KV memory: a sequence of ", capacity, " tokens needs ", need, " new pages of ", P, " tokens, ",
+                 max_pages_ - in_use, " of ", max_pages_, " are free (raise the token budget)");
+        auto s = std::make_unique<sequence>();
+        s->cap = capacity;
+        if (!kv_layers_.empty()) {
+            for (std::int64_t p = 0; p < shared; ++p) {
+                ++refs(pages[std::size_t(p)]);
+                s->pages.push_back(pages[std::size_t(p)]);
+            }
+            s->shared = shared;
+            while (std::int64_t(s->pages.size()) < shared + need) s->pages.push_back(take_page());
+            if (pos % P) copy_page(s->pages[std::size_t(shared)], pages[std::size_t(shared)], pos % P);
+        }
+        s->gdn.resize(gdn_layers_.size());
+        for (std::size_t g = 0; g < gdn_layers_.size(); ++g) {
+            s->gdn[g].S = st->S[g];
+            s->gdn[g].ring = st->ring[g];
+        }
+        if (st) s->checkpoints.push_back(*st);
+        s->n_past = pos;
+        seq_id id = -1;
+        for (std::size_t i = 0; i < seqs_.size(); ++i)
+            if (!seqs_[i]) { id = seq_id(i); break; }
+        if (id < 0) {
+            id = seq_id(seqs_.size());
+            seqs_.emplace_back();
+        }
+        seqs_[std::size_t(id)] = std::move(s);
+        return id;
+    }
+
     // Exact equality of two sequences' live state (tests: a preview pass leaves it untouched).
     bool same_state(seq_id a_id, seq_id b_id) const {
         const sequence& a = get(a_id);
@@ -239,6 +326,7 @@ private:
     struct sequence {
         std::int64_t cap = 0, n_past = 0, verify_start = -1;
         std::vector<std::int32_t> pages;
+        std::int64_t shared = 0;  // leading pages that may have other holders (never written)
         std::vector<gdn_slot> gdn;
         std::vector<gdn_checkpoint> checkpoints;  // ascending positions
     };
@@ -273,10 +361,52 @@ private:
                 std::memcpy(kv_row(a, d, p0, 1), kv_row(a, s, p0, 1), bytes);
             }
     }
+    static constexpr std::int64_t kChunk = 16, kMaxChunks = 1 << 16;  // 2^20 pages
     struct page_chunk {  // kChunk pages of every attention layer, K and V
         std::vector<std::unique_ptr<std::byte[]>> k, v;
+        std::int32_t refs[kChunk] = {};  // holders of each page (0: free)
     };
-    static constexpr std::int64_t kChunk = 16, kMaxChunks = 1 << 16;  // 2^20 pages
+    std::int32_t& refs(std::int32_t page) { return chunks_[std::size_t(page / kChunk)]->refs[page % kChunk]; }
+    void unref_locked(std::int32_t page) {
+        if (--refs(page) == 0) free_pages_.push_back(page);
+    }
+    // The first `rows` rows of page src (every attention layer, K and V) into page dst.
+    void copy_page(std::int32_t dst, std::int32_t src, std::int64_t rows) {
+        for (std::size_t a = 0; a < kv_layers_.size(); ++a) {
+            const std::size_t row_bytes = std::size_t(row_elems(a)) * elem_bytes();
+            for (int kv = 0; kv < 2; ++kv) {
+                std::byte* d = page_row(a, dst, 0, kv);
+                const std::byte* s = page_row(a, src, 0, kv);
+                std::memcpy(d, s, std::size_t(rows) * row_bytes);
+            }
+        }
+    }
+    std::byte* page_row(std::size_t a, std::int64_t page, std::int64_t r, int which) const {
+        const page_chunk& c = *chunks_[std::size_t(page / kChunk)];
+        const std::int64_t row = (page % kChunk) * opt_.page + r;
+        return (which ? c.v : c.k)[a].get() + std::size_t(row * row_elems(a)) * elem_bytes();
+    }
+    // Pages [first, shared) of s become its own (copies where others hold them), so it may
+    // write them: the step before any write below its shared prefix. Checks the budget first.
+    void make_private(sequence& s, std::int64_t first) {
+        if (first >= s.shared) return;
+        std::lock_guard lk(*mu_);
+        std::int64_t need = 0;
+        for (std::int64_t p = first; p < s.shared; ++p) need += refs(s.pages[std::size_t(p)]) > 1;
+        const std::int64_t in_use = n_pages_ - std::int64_t(free_pages_.size());
+        if (max_pages_ >= 0 && in_use + need > max_pages_)
+            fail("state pool: out of KV memory: going back into a shared prefix needs ", need, " private pages, ",
+                 max_pages_ - in_use, " are free (raise the token budget)");
+        for (std::int64_t p = first; p < s.shared; ++p) {
+            std::int32_t& page = s.pages[std::size_t(p)];
+            if (refs(page) == 1) continue;
+            const std::int32_t fresh = take_page();
+            copy_page(fresh, page, opt_.page);
+            unref_locked(page);
+            page = fresh;
+        }
+        s.shared = first;
+    }
 
     std::size_t elem_bytes() const { return opt_.kv_f16 ? 2 : 4; }
     std::int64_t row_elems(std::size_t a) const { return spec_[std::size_t(kv_layers_[a])].kv_width; }
@@ -295,6 +425,7 @@ private:
         if (!free_pages_.empty()) {
             const std::int32_t p = free_pages_.back();
             free_pages_.pop_back();
+            refs(p) = 1;
             return p;
         }
         if (n_pages_ % kChunk == 0) {
@@ -308,15 +439,12 @@ private:
             }
             chunks_.push_back(std::move(c));
         }
+        refs(std::int32_t(n_pages_)) = 1;
         return std::int32_t(n_pages_++);
     }
     void* kv_row(std::size_t a, const sequence& s, std::int64_t pos, int which) const {
         if (pos < 0 || pos >= s.cap) fail("state pool: KV position ", pos, " outside the sequence's capacity ", s.cap);
-        const std::int64_t page = s.pages[std::size_t(pos / opt_.page)];
-        const page_chunk& c = *chunks_[std::size_t(page / kChunk)];
-        const std::int64_t row = (page % kChunk) * opt_.page + pos % opt_.page;
-        std::byte* base = (which ? c.v : c.k)[a].get();
-        return base + std::size_t(row * row_elems(a)) * elem_bytes();
+        return page_row(a, s.pages[std::size_t(pos / opt_.page)], pos % opt_.page, which);
     }
 
     state_options opt_;

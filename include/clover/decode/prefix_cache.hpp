@@ -1,0 +1,250 @@
+#pragma once
+// A prefix cache for a hybrid model: requests that share a token prefix with an earlier one
+// (a system prompt, the history of a conversation) start from it instead of computing it again.
+//
+// Attention rows are positional, so KV pages can be shared by reference. A Gated DeltaNet
+// state is a running sum over every earlier token and cannot be cut back to a shorter prefix:
+// a request can resume only where a GDN checkpoint was saved. So the cache is a radix tree
+// over whole KV pages (page_size() tokens per edge) whose resume points ("tails") each hold
+// the GDN states at one position and, when that position is inside a page, the partial page.
+// Checkpoints are saved where prompt_cuts() ends a chunk: every `batch` tokens and at the
+// start of chat messages, so that the next turn of a conversation — whose rendering changes
+// only after the last message (the Qwen template drops past reasoning) — resumes at the start
+// of the previous answer and computes only what is new.
+//
+// Never a wrong answer: a prefix's chunks end at the same places in every prompt that has it
+// (prompt_cuts depends only on the tokens before a position), so in exact mode a resumed
+// request's logits are bit-identical to computing the whole prompt (tests/decode/
+// test_prefix_cache.cpp). Memory: pages and GDN states count against a byte budget; the least
+// recently used resume points go first, with the pages only they needed.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "clover/core/error.hpp"
+#include "clover/core/pass.hpp"
+#include "clover/model/session.hpp"
+
+namespace clover::decode {
+
+// Where a prompt's chunks end (ascending prompt indices in (0, n)): `batch` tokens after the
+// previous cut, or at a message start (`boundary`, e.g. <|im_start|>; -1: none) at least
+// `min_gap` tokens after it. Each cut depends only on the tokens before it.
+inline std::vector<std::int64_t> prompt_cuts(std::span<const token> prompt, std::int64_t batch, token boundary,
+                                             std::int64_t min_gap = 64) {
+    if (batch < 1) fail("prompt_cuts: batch must be at least 1");
+    std::vector<std::int64_t> cuts;
+    std::int64_t last = 0;
+    for (std::int64_t i = 1; i < std::int64_t(prompt.size()); ++i)
+        if (i - last == batch || (boundary >= 0 && prompt[std::size_t(i)] == boundary && i - last >= min_gap)) {
+            cuts.push_back(i);
+            last = i;
+        }
+    return cuts;
+}
+
+struct prefix_cache_stats {
+    std::int64_t lookups = 0, hits = 0, hit_tokens = 0;  // hit_tokens: prompt tokens not computed
+    std::int64_t entries = 0, pages = 0, evicted = 0;    // resume points, KV pages held
+    std::size_t bytes = 0, budget = 0;
+};
+
+template <class Model>
+class prefix_cache {
+    using saved = typename Model::saved_state;
+    struct node;
+    struct tail {  // a resume point at owner's depth * P + toks.size()
+        node* owner = nullptr;
+        std::vector<token> toks;  // the tokens of the next page before the point (may be none)
+        std::int32_t page = -1;   // toks non-empty: a page holding their rows
+        saved st;                 // GDN states at the point
+        std::uint64_t used = 0;   // LRU clock
+        std::size_t bytes = 0;
+    };
+    struct node {  // one whole page of tokens below its parent
+        node* parent = nullptr;
+        std::int64_t depth = 0;  // pages from the root to the end of this one
+        std::int32_t page = -1;
+        std::map<std::vector<token>, std::unique_ptr<node>> kids;  // keyed by their page of tokens
+        std::vector<std::unique_ptr<tail>> tails;
+    };
+
+public:
+    // A cache for sessions of KV format pool `kv_f16`, holding at most budget_bytes.
+    prefix_cache(Model& m, bool kv_f16, std::size_t budget_bytes)
+        : m_(m), pool_(kv_f16 ? 1 : 0), P_(m.page_size()), page_bytes_(m.page_bytes(kv_f16 ? 1 : 0)), budget_(budget_bytes) {}
+    prefix_cache(const prefix_cache&) = delete;
+    prefix_cache& operator=(const prefix_cache&) = delete;
+    ~prefix_cache() { clear(); }
+
+    // A session for `prompt`: opened from the longest cached prefix of at most `limit` tokens
+    // (`cached` says how many; 0: a fresh session). Whole pages are shared, not copied.
+    session open(session_options o, std::span<const token> prompt, std::int64_t limit, std::int64_t& cached) {
+        cached = 0;
+        ++lookups_;
+        tail* t = find(prompt, std::min<std::int64_t>(limit, std::int64_t(prompt.size()) - 1));
+        if (!t || (o.kv_f16 ? 1 : 0) != pool_) return m_.new_session(o);
+        std::vector<std::int32_t> pages(std::size_t(t->owner->depth));
+        for (node* n = t->owner; n->parent; n = n->parent) pages[std::size_t(n->depth - 1)] = n->page;
+        if (!t->toks.empty()) pages.push_back(t->page);
+        if (page_bytes_ == 0) pages.clear();  // no attention layers: nothing positional to share
+        const std::int64_t pos = pos_of(*t);
+        session s = m_.new_session_from(o, pages, prompt.first(std::size_t(pos)), t->st);
+        t->used = ++clock_;
+        cached = pos;
+        ++hits_;
+        hit_tokens_ += pos;
+        return s;
+    }
+
+    // Keeps the resume points of a session that is done (its checkpoints up to `upto`, with
+    // the pages before them), then evicts down to the budget. The session is only read.
+    void insert(const session& s, std::int64_t upto) {
+        if (s.pool() != pool_) return;
+        upto = std::min(upto, s.n_past());
+        const std::vector<token>& toks = s.tokens();
+        for (std::int64_t c : m_.checkpoints(s)) {
+            if (c < 1 || c > upto) continue;
+            node* n = &root_;
+            for (std::int64_t d = 0; d < c / P_; ++d) {
+                std::vector<token> key(toks.begin() + d * P_, toks.begin() + (d + 1) * P_);
+                auto it = n->kids.find(key);
+                if (it == n->kids.end()) {
+                    auto k = std::make_unique<node>();
+                    k->parent = n;
+                    k->depth = d + 1;
+                    if (page_bytes_) k->page = m_.hold_pages(s, d, 1)[0];
+                    bytes_ += page_bytes_;
+                    ++pages_;
+                    it = n->kids.emplace(std::move(key), std::move(k)).first;
+                }
+                n = it->second.get();
+            }
+            std::vector<token> rest(toks.begin() + (c / P_) * P_, toks.begin() + c);
+            auto same = std::find_if(n->tails.begin(), n->tails.end(), [&](const auto& t) { return t->toks == rest; });
+            if (same != n->tails.end()) {
+                (*same)->used = ++clock_;
+                continue;
+            }
+            auto t = std::make_unique<tail>();
+            t->owner = n;
+            t->toks = std::move(rest);
+            if (!t->toks.empty() && page_bytes_) {
+                t->page = m_.hold_pages(s, c / P_, 1)[0];
+                t->bytes += page_bytes_;
+                ++pages_;
+            }
+            t->st = m_.save_state(s, c);
+            if (t->st) t->bytes += m_.checkpoint_bytes();
+            t->used = ++clock_;
+            bytes_ += t->bytes;
+            n->tails.push_back(std::move(t));
+            ++entries_;
+        }
+        while (bytes_ > budget_ && entries_ > 0) evict_oldest();
+    }
+
+    // Drops everything (its pages go back to the pool unless sessions still hold them).
+    void clear() {
+        while (entries_ > 0) evict_oldest();
+    }
+
+    prefix_cache_stats stats() const {
+        prefix_cache_stats s;
+        s.lookups = lookups_;
+        s.hits = hits_;
+        s.hit_tokens = hit_tokens_;
+        s.entries = entries_;
+        s.pages = pages_;
+        s.evicted = evicted_;
+        s.bytes = bytes_;
+        s.budget = budget_;
+        return s;
+    }
+    // Resume positions held, ascending (tests).
+    std::vector<std::int64_t> positions() const {
+        std::vector<std::int64_t> v;
+        walk(root_, [&](const tail& t) { v.push_back(pos_of(t)); });
+        std::sort(v.begin(), v.end());
+        return v;
+    }
+
+private:
+    std::int64_t pos_of(const tail& t) const { return t.owner->depth * P_ + std::int64_t(t.toks.size()); }
+
+    // The resume point with the longest prefix of prompt[0, limit].
+    tail* find(std::span<const token> prompt, std::int64_t limit) {
+        tail* best = nullptr;
+        std::int64_t best_pos = 0;
+        node* n = &root_;
+        const std::int64_t len = std::int64_t(prompt.size());
+        for (;;) {
+            const std::int64_t base = n->depth * P_;
+            for (auto& t : n->tails) {
+                const std::int64_t pos = base + std::int64_t(t->toks.size());
+                if (pos < 1 || pos > limit || pos <= best_pos) continue;
+                if (std::equal(t->toks.begin(), t->toks.end(), prompt.begin() + base)) {
+                    best = t.get();
+                    best_pos = pos;
+                }
+            }
+            if (base + P_ > len) break;
+            const std::vector<token> key(prompt.begin() + base, prompt.begin() + base + P_);
+            auto it = n->kids.find(key);
+            if (it == n->kids.end()) break;
+            n = it->second.get();
+        }
+        return best;
+    }
+
+    template <class F>
+    static void walk(const node& n, F&& f) {
+        for (const auto& t : n.tails) f(*t);
+        for (const auto& [k, c] : n.kids) walk(*c, f);
+    }
+
+    // The least recently used resume point goes, then every page only it needed.
+    void evict_oldest() {
+        tail* old = nullptr;
+        walk(root_, [&](const tail& t) {
+            if (!old || t.used < old->used) old = const_cast<tail*>(&t);
+        });
+        if (!old) return;
+        node* n = old->owner;
+        if (old->page >= 0) {
+            m_.drop_pages(pool_, std::span<const std::int32_t>(&old->page, 1));
+            --pages_;
+        }
+        bytes_ -= old->bytes;
+        std::erase_if(n->tails, [&](const auto& t) { return t.get() == old; });
+        --entries_;
+        ++evicted_;
+        while (n->parent && n->tails.empty() && n->kids.empty()) {
+            node* up = n->parent;
+            if (n->page >= 0) m_.drop_pages(pool_, std::span<const std::int32_t>(&n->page, 1));
+            bytes_ -= page_bytes_;
+            --pages_;
+            for (auto it = up->kids.begin(); it != up->kids.end(); ++it)
+                if (it->second.get() == n) {
+                    up->kids.erase(it);
+                    break;
+                }
+            n = up;
+        }
+    }
+
+    Model& m_;
+    int pool_;
+    std::int64_t P_;
+    std::size_t page_bytes_, budget_;
+    node root_;
+    std::uint64_t clock_ = 0;
+    std::atomic<std::int64_t> lookups_{0}, hits_{0}, hit_tokens_{0}, entries_{0}, pages_{0}, evicted_{0};
+    std::atomic<std::size_t> bytes_{0};
+};
+
+}  // namespace clover::decode

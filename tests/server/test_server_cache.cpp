@@ -1,0 +1,124 @@
+// The server's prefix cache (decode/prefix_cache.hpp): the next turn of a chat — the template
+// has dropped the previous answer's reasoning — resumes at the start of that answer and gives
+// exactly the answer of a server without a cache; a small budget evicts; usage, timings and
+// /metrics say what was cached.
+#include <doctest/doctest.h>
+
+#include "server_test_util.hpp"
+
+using namespace server_test;
+
+namespace {
+
+std::string words(int k, int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += "w" + std::to_string((k * 131 + i * 7) % 97) + " ";
+    return s;
+}
+
+struct turn {
+    reply r;
+    std::string content, reasoning;
+};
+
+// A conversation of `turns` turns on a fresh server; each turn sends back the previous answers'
+// content (not their reasoning, as OpenAI clients do).
+std::vector<turn> converse(std::int64_t cache_mib, bool thinking, int turns, bool streamed_last = false) {
+    auto& f = fx();
+    auto o = opts();
+    o.cache_ram_mib = cache_mib;
+    server::server srv(f.m, f.tok, o);
+    const int port = srv.start();
+    json msgs = json::array({{{"role", "system"}, {"content", "You are a tool-using agent. " + words(1, 60)}},
+                             {{"role", "user"}, {"content", "Task: " + words(2, 80)}}});
+    std::vector<turn> out;
+    for (int t = 0; t < turns; ++t) {
+        json body = {{"messages", msgs}, {"max_tokens", 12}, {"temperature", 0},
+                     {"chat_template_kwargs", {{"enable_thinking", thinking}}}};
+        turn tr;
+        if (streamed_last && t + 1 == turns) {
+            body["stream_options"] = {{"include_usage", true}};
+            auto s = stream(port, "/v1/chat/completions", body);
+            REQUIRE(s.done);
+            tr.content = s.content;
+            tr.reasoning = s.reasoning;
+            tr.r.status = 200;
+            tr.r.body = {{"usage", s.usage}};
+        } else {
+            tr.r = post(port, "/v1/chat/completions", body);
+            REQUIRE(tr.r.status == 200);
+            const json& m = tr.r.body["choices"][0]["message"];
+            tr.content = m["content"].is_string() ? m["content"].get<std::string>() : "";
+            tr.reasoning = m.value("reasoning_content", std::string());
+        }
+        msgs.push_back({{"role", "assistant"}, {"content", tr.content}});
+        msgs.push_back({{"role", "user"}, {"content", "Tool output " + std::to_string(t) + ": " + words(10 + t, 70)}});
+        out.push_back(std::move(tr));
+    }
+    return out;
+}
+
+std::int64_t cached_of(const reply& r) { return r.body["usage"]["prompt_tokens_details"]["cached_tokens"].get<std::int64_t>(); }
+std::int64_t prompt_of(const reply& r) { return r.body["usage"]["prompt_tokens"].get<std::int64_t>(); }
+
+}  // namespace
+
+TEST_CASE("prefix cache: each chat turn resumes at the previous answer and answers as without a cache (thinking on and off)") {
+    for (bool thinking : {true, false}) {
+        CAPTURE(thinking);
+        const auto off = converse(0, thinking, 4);
+        const auto on = converse(4096, thinking, 4, true);
+        for (std::size_t t = 0; t < on.size(); ++t) {
+            CAPTURE(t);
+            CHECK(on[t].content == off[t].content);
+            CHECK(on[t].reasoning == off[t].reasoning);
+            CHECK(prompt_of(on[t].r) == prompt_of(off[t].r));
+            CHECK(cached_of(off[t].r) == 0);
+            if (t == 0) {
+                CHECK(cached_of(on[t].r) == 0);
+                continue;
+            }
+            // Everything up to the previous turn's generation prompt (<|im_start|>assistant...)
+            // comes from the cache: what is computed is the answer without its reasoning, the
+            // new message and the generation prompt.
+            const std::int64_t prev = prompt_of(on[t - 1].r);
+            const auto gen = fx().tok.encode(thinking ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+            CHECK(cached_of(on[t].r) == prev - std::int64_t(gen.size()));
+            if (t + 1 < on.size()) {  // the streamed last turn's usage chunk has no timings
+                const json& tm = on[t].r.body["timings"];
+                CHECK(tm["cache_n"] == cached_of(on[t].r));
+                CHECK(tm["prompt_n"] == prompt_of(on[t].r) - cached_of(on[t].r));
+                CHECK(tm["predicted_n"] == on[t].r.body["usage"]["completion_tokens"]);
+            }
+        }
+    }
+}
+
+TEST_CASE("prefix cache: a small budget evicts the oldest conversations and never holds more than it may") {
+    auto& f = fx();
+    auto o = opts();
+    o.cache_ram_mib = 1;
+    server::server srv(f.m, f.tok, o);
+    const int port = srv.start();
+    const std::size_t per = f.m.checkpoint_bytes() + f.m.page_bytes(1);
+    const int n = int((std::size_t(1) << 20) / per) + 4;  // more resume points than 1 MiB holds
+    REQUIRE(n < 400);
+    auto ask = [&](int k) {
+        json b = user("Question " + std::to_string(k) + ": " + words(k, 90));
+        b["max_tokens"] = 1;
+        b["temperature"] = 0;
+        return post(port, "/v1/chat/completions", b);
+    };
+    for (int k = 0; k < n; ++k) REQUIRE(ask(k).status == 200);
+    auto c = srv.stats();
+    CHECK(c.cache.evicted > 0);
+    CHECK(c.cache.bytes <= c.cache.budget);
+    CHECK(c.cache.budget == std::size_t(1) << 20);
+    // The newest is still there, the first one is not.
+    CHECK(cached_of(ask(n - 1)) > 0);
+    CHECK(cached_of(ask(0)) == 0);
+    const auto metrics = get(port, "/metrics");
+    CHECK(metrics.raw.find("clover_prefix_cache_evicted_total " + std::to_string(srv.stats().cache.evicted) + "\n") != std::string::npos);
+    CHECK(metrics.raw.find("clover_prefix_cache_hits_total 1\n") != std::string::npos);
+    CHECK(metrics.raw.find("# TYPE clover_kv_pages_used gauge") != std::string::npos);
+}
