@@ -125,15 +125,6 @@ config parse_args(int argc, char** argv) {
     return c;
 }
 
-// The prefix cache's budget, where the server has one (issue 17 adds options::cache_ram_mib).
-template <class Options>
-constexpr bool has_prefix_cache = requires(Options o) { o.cache_ram_mib; };
-constexpr bool server_has_prefix_cache = has_prefix_cache<server::options>;
-template <class Options>
-void set_cache_mib(Options& o, long long mib) {
-    if constexpr (has_prefix_cache<Options>) o.cache_ram_mib = std::int64_t(mib);
-}
-
 server::options server_options(const config& c, int max_clients) {
     server::options o;
     o.port = 0;
@@ -145,6 +136,7 @@ server::options server_options(const config& c, int max_clients) {
     o.decoder = c.decoder;
     o.parallel = c.parallel;
     o.batch_tokens = c.batch_tokens;
+    o.cache_ram_mib = c.cache_mib;
     if (c.ctx > 0) {
         o.ctx = c.ctx;
         o.max_tokens_limit = std::max<std::int64_t>(o.max_tokens_limit, c.ctx);
@@ -284,8 +276,7 @@ json ratio_or_null(std::optional<double> x) { return x ? json(*x) : json(nullptr
 
 int sweep_mode(model_t& m, const tokenizer& tok, const config& c, bench::json_lines& out) {
     const int most = *std::max_element(c.sweep.begin(), c.sweep.end());
-    server::options o = server_options(c, most);
-    set_cache_mib(o, c.cache_mib);
+    const server::options o = server_options(c, most);
     const bench::prompt_counter pc{tok, o};
     // Every (client, request) has its own prompt, numbered first so that no two share more than a
     // few tokens (a prefix cache finds next to nothing to reuse between them).
@@ -324,7 +315,7 @@ int sweep_mode(model_t& m, const tokenizer& tok, const config& c, bench::json_li
     std::printf("requests %d per client, max_tokens %d (greedy, ignore_eos), prompts ~%.0f tokens, decoder %s, parallel %lld, "
                 "batch_tokens %lld, ctx %lld, prefix cache %s; one fresh server per count, one warm-up request each\n",
                 c.requests, c.max_tokens, prompt_mean, c.decoder.c_str(), c.parallel, c.batch_tokens, (long long)o.ctx,
-                !server_has_prefix_cache ? "none in this server" : c.cache_mib > 0 ? (std::to_string(c.cache_mib) + " MiB").c_str() : "off");
+                c.cache_mib > 0 ? (std::to_string(c.cache_mib) + " MiB").c_str() : "off");
     std::printf("%7s %7s %10s %10s %10s %10s %10s %13s %20s\n", "clients", "ok", "tok/s", "TTFT p50", "TTFT p95", "TPOT p50",
                 "TPOT p95", "tok/s vs 1", "TTFT p95/1-cl. p50");
     auto ratio = [](std::optional<double> x) {
@@ -450,8 +441,7 @@ int conversation_mode(model_t& m, const tokenizer& tok, config c, bench::json_li
     const long long trained = m.hp().n_ctx_train;
     const script sc = make_script(bench::prompt_counter{tok, o}, c);
     server::options on = o, off = o;
-    set_cache_mib(on, c.cache_mib);
-    set_cache_mib(off, 0);
+    off.cache_ram_mib = 0;
     const auto with = run_conversation(m, tok, on, c, sc);
     const auto without = run_conversation(m, tok, off, c, sc);
 
@@ -460,9 +450,7 @@ int conversation_mode(model_t& m, const tokenizer& tok, config c, bench::json_li
                 "prefix cache on (%lld MiB) and off, each on a fresh server after one warm-up request\n",
                 c.turns, c.history_tokens, c.turn_tokens, c.max_tokens, c.decoder.c_str(), c.ctx,
                 c.ctx > trained ? (" (beyond the model's trained context of " + std::to_string(trained) + ")").c_str() : "", c.cache_mib);
-    if (!server_has_prefix_cache)
-        std::printf("this server has no prefix cache (server::options::cache_ram_mib): both runs compute every prompt token, and "
-                    "cached tokens are not reported\n");
+    if (c.cache_mib == 0) std::printf("--cache-mib 0: both runs are without the prefix cache\n");
     std::printf("%4s %7s %6s %7s %9s %9s %10s %10s %8s %7s %5s\n", "turn", "prompt", "new", "cached", "computed", "comp/new", "TTFT on",
                 "TTFT off", "on/off", "goals", "same");
     const std::size_t n = std::max(with.size(), without.size());
@@ -506,7 +494,8 @@ int conversation_mode(model_t& m, const tokenizer& tok, config c, bench::json_li
                     on_ms / off_ms, yn(comp_met), yn(ttft_met), same ? "yes" : "NO");
         auto side = [](const turn_result& t) {
             return json{{"prompt_tokens", t.prompt}, {"cached_tokens", t.cached}, {"computed_tokens", t.computed()},
-                        {"prompt_n", t.prompt_n}, {"cache_n", t.cache_n}, {"completion_tokens", t.r.tokens}, {"ttft_ms", t.r.ttft * 1e3},
+                        {"prompt_n", t.prompt_n}, {"cache_n", t.cache_n}, {"server_prompt_ms", t.r.timings.value("prompt_ms", -1.0)},
+                        {"completion_tokens", t.r.tokens}, {"ttft_ms", t.r.ttft * 1e3},
                         {"latency_ms", t.r.total * 1e3}};
         };
         out.emit({{"bench", "server_conversation"}, {"model", c.path}, {"note", c.note}, {"turn", k}, {"prompt_tokens", prompt},
@@ -522,8 +511,7 @@ int conversation_mode(model_t& m, const tokenizer& tok, config c, bench::json_li
                 met_ttft.dump().c_str(), !judged ? "not judged (see above)" : all_met ? "met" : "NOT met");
     out.emit({{"bench", "server_conversation_summary"}, {"model", c.path}, {"note", c.note}, {"turns", c.turns},
               {"history_tokens", with.empty() ? -1L : with[0].prompt}, {"turn_tokens", c.turn_tokens}, {"max_tokens", c.max_tokens},
-              {"decoder", c.decoder}, {"ctx", c.ctx}, {"n_ctx_train", trained}, {"prefix_cache", server_has_prefix_cache},
-              {"cache_mib", c.cache_mib}, {"computed_goal", 1.2}, {"ttft_goal", 0.2}, {"computed_met_turns", met_computed},
+              {"decoder", c.decoder}, {"ctx", c.ctx}, {"n_ctx_train", trained}, {"cache_mib", c.cache_mib}, {"computed_goal", 1.2}, {"ttft_goal", 0.2}, {"computed_met_turns", met_computed},
               {"ttft_met_turns", met_ttft}, {"all_met", judged ? json(all_met) : json(nullptr)}, {"same_answers", same_all},
               {"all_ok", all_ok}});
     return all_ok ? 0 : 1;
