@@ -72,50 +72,68 @@ struct kv_run {
     bool f16;
 };
 
-// One query head over the keys of several runs, in one softmax: out[hd]. The runs are taken in
-// order, so a row's sum runs over positions 0..p in order whatever the page layout: a row
-// computed in a batch equals the row computed alone.
-inline void attend_runs(const float* qh, const std::vector<kv_run>& runs, std::int64_t hd, float scale, float* out,
-                        std::vector<float>& p) {
+// The G query heads that share one KV head (GQA), over the keys of several runs, each head in
+// its own softmax: out[G, hd] from q[G, hd]. Keys and values are taken in order, one row at a
+// time for all G heads: a head's sums are exactly those of attending alone (the same dot and
+// axpy, positions 0..p in order, whatever the page layout or G), so a row computed in a batch
+// equals the row computed alone.
+//
+// Why the loop order (each key row used by all G heads while it is in L1, instead of one head
+// over all keys, then the next): with G = 8 (Clover-35B-A3B: 16 heads, 2 KV heads) a head at a
+// time streamed the KV rows of a long context from L3 eight times; prefill at 2,000–5,600 tokens
+// of context spent ~1 ms per token per 1,000 positions in attention (8-layer Q4_K_M file, Zen 4,
+// 2 threads), more than the expert products, so a cached turn of a conversation cost more per
+// token than the average uncached one (benchmarks/bench_server --conversation).
+inline void attend_group(const float* q, std::int64_t G, const std::vector<kv_run>& runs, std::int64_t hd, float scale, float* out,
+                         std::vector<float>& p) {
     std::int64_t n = 0;
     for (const kv_run& r : runs) n += r.n;
-    p.resize(std::size_t(n));
+    p.resize(std::size_t(G * n));  // [G, n] scores, then probabilities
     std::int64_t j0 = 0;
     for (const kv_run& r : runs) {
-        for (std::int64_t j = 0; j < r.n; ++j)
-            p[std::size_t(j0 + j)] =
-                (r.f16 ? dot_f32_f16(qh, static_cast<const quant::f16_bits*>(r.k) + j * r.stride, hd)
-                       : dot_f32(qh, static_cast<const float*>(r.k) + j * r.stride, hd)) *
-                scale;
+        for (std::int64_t j = 0; j < r.n; ++j) {
+            if (r.f16) {
+                const auto* kj = static_cast<const quant::f16_bits*>(r.k) + j * r.stride;
+                for (std::int64_t g = 0; g < G; ++g) p[std::size_t(g * n + j0 + j)] = dot_f32_f16(q + g * hd, kj, hd) * scale;
+            } else {
+                const float* kj = static_cast<const float*>(r.k) + j * r.stride;
+                for (std::int64_t g = 0; g < G; ++g) p[std::size_t(g * n + j0 + j)] = dot_f32(q + g * hd, kj, hd) * scale;
+            }
+        }
         j0 += r.n;
     }
-    math::softmax(p.data(), n);
-    for (std::int64_t i = 0; i < hd; ++i) out[i] = 0.f;
+    for (std::int64_t g = 0; g < G; ++g) math::softmax(p.data() + g * n, n);
+    for (std::int64_t i = 0; i < G * hd; ++i) out[i] = 0.f;
     j0 = 0;
     for (const kv_run& r : runs) {
         for (std::int64_t j = 0; j < r.n; ++j) {
-            const float pj = p[std::size_t(j0 + j)];
-            if (r.f16) axpy_f16(pj, static_cast<const quant::f16_bits*>(r.v) + j * r.stride, out, hd);
-            else axpy(pj, static_cast<const float*>(r.v) + j * r.stride, out, hd);
+            if (r.f16) {
+                const auto* vj = static_cast<const quant::f16_bits*>(r.v) + j * r.stride;
+                for (std::int64_t g = 0; g < G; ++g) axpy_f16(p[std::size_t(g * n + j0 + j)], vj, out + g * hd, hd);
+            } else {
+                const float* vj = static_cast<const float*>(r.v) + j * r.stride;
+                for (std::int64_t g = 0; g < G; ++g) axpy(p[std::size_t(g * n + j0 + j)], vj, out + g * hd, hd);
+            }
         }
         j0 += r.n;
     }
 }
 
 // out[n, H*hd] = attention ⊙ sigmoid(gate). Commit/verify rows: causal over the cache [0, pos].
-// Preview rows: the cache [0, pos0) and every row of the block (k, v fresh, F32).
+// Preview rows: the cache [0, pos0) and every row of the block (k, v fresh, F32). One task per
+// (row, KV head): its `group` query heads are contiguous in q, gate and out.
 inline void attention(thread_pool& pool, const batch& bt, const state_pool& st, std::int64_t layer,
                       const attention_shape& a, const float* q, const float* gate, const float* k, const float* v,
                       float* out) {
     const std::int64_t H = a.n_head, Hkv = a.n_head_kv, hd = a.head_dim, kvw = Hkv * hd, group = H / Hkv;
     const auto segs = bt.segments();
     const bool f16 = st.kv_f16();
-    pool.parallel_for(bt.rows() * H, 4, [&](std::int64_t b, std::int64_t e) {
+    pool.parallel_for(bt.rows() * Hkv, 1, [&](std::int64_t b, std::int64_t e) {
         std::vector<float> p;
         std::vector<kv_run> runs;
         std::size_t si = 0;
-        for (std::int64_t th = b; th < e; ++th) {
-            const std::int64_t r = th / H, kvh = (th % H) / group;
+        for (std::int64_t t = b; t < e; ++t) {
+            const std::int64_t r = t / Hkv, kvh = t % Hkv;
             while (r >= segs[si].row0 + segs[si].n) ++si;
             const segment& s = segs[si];
             const bool preview = s.kind == pass_kind::preview;
@@ -130,10 +148,11 @@ inline void attention(thread_pool& pool, const batch& bt, const state_pool& st, 
                 p0 += len;
             }
             if (preview) runs.push_back({k + s.row0 * kvw + kvh * hd, v + s.row0 * kvw + kvh * hd, kvw, s.n, false});
-            float* o = out + th * hd;
-            attend_runs(q + th * hd, runs, hd, a.scale, o, p);
-            const float* g = gate + th * hd;
-            for (std::int64_t i = 0; i < hd; ++i) o[i] *= math::sigmoid(g[i]);
+            const std::int64_t h0 = r * H + kvh * group;  // the group's first head
+            float* o = out + h0 * hd;
+            attend_group(q + h0 * hd, group, runs, hd, a.scale, o, p);
+            const float* g = gate + h0 * hd;
+            for (std::int64_t i = 0; i < group * hd; ++i) o[i] *= math::sigmoid(g[i]);
         }
     });
 }
