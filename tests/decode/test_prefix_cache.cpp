@@ -27,10 +27,13 @@ std::vector<token> chat_ids(std::int64_t n, std::uint64_t seed, std::int64_t eve
     return v;
 }
 
+std::vector<std::int64_t> cuts_of(const std::vector<token>& p) { return decode::prompt_cuts(p, 64, kBoundary, 16); }
+
 // Commits prompt[from, n) in the chunks prompt_cuts gives, checkpointing at each cut (what the
 // server's runner does); the last row's logits.
 std::vector<float> compute(rt_model& m, session& s, const std::vector<token>& p, std::int64_t from, std::int64_t batch = 64) {
     const auto cuts = decode::prompt_cuts(p, batch, kBoundary, 16);
+    REQUIRE((from == 0 || std::binary_search(cuts.begin(), cuts.end(), from)));
     std::vector<float> lg;
     std::int64_t at = from;
     const std::int64_t n = std::int64_t(p.size());
@@ -59,16 +62,27 @@ TEST_CASE("prompt_cuts: every batch tokens and at message starts, each cut depen
     for (std::int64_t c : cuts) {
         CHECK(c > last);
         CHECK(c - last <= 64);
-        CHECK((c - last == 64 || (p[std::size_t(c)] == kBoundary && c - last >= 16)));
+        CHECK((c - last == 64 || (p[std::size_t(c - 1)] == kBoundary && c - last >= 16)));
         last = c;
     }
     CHECK(std::int64_t(p.size()) - last <= 64);
-    for (std::int64_t k : {1, 37, 100, 333, 499}) {  // the cuts of a prefix are the prefix's cuts
-        const auto pre = decode::prompt_cuts(std::span(p).first(std::size_t(k)), 64, kBoundary, 16);
-        std::vector<std::int64_t> want;
-        for (std::int64_t c : cuts)
-            if (c < k) want.push_back(c);
-        CHECK(pre == want);
+    // Whether k is a cut depends on p[0, k) only: any prompt beginning with them has the same
+    // cuts up to k, whatever follows (here: a boundary token right at k, or none).
+    for (std::int64_t k : {1, 37, 41, 86, 100, 333, 499}) {
+        CAPTURE(k);
+        for (token next : {kBoundary, token(kBoundary + 1)}) {
+            auto q = std::vector<token>(p.begin(), p.begin() + k);
+            q.push_back(next);
+            const auto more = testutil::random_ids(90, 290, std::uint64_t(k));
+            q.insert(q.end(), more.begin(), more.end());
+            auto upto = [&](const std::vector<std::int64_t>& v) {
+                std::vector<std::int64_t> w;
+                for (std::int64_t c : v)
+                    if (c <= k) w.push_back(c);
+                return w;
+            };
+            CHECK(upto(decode::prompt_cuts(q, 64, kBoundary, 16)) == upto(cuts));
+        }
     }
     CHECK(decode::prompt_cuts(p, 100, -1) == std::vector<std::int64_t>{100, 200, 300, 400});
     CHECK_THROWS_WITH(decode::prompt_cuts(p, 0, -1), doctest::Contains("batch"));
@@ -86,7 +100,7 @@ TEST_CASE("a prompt resumed from the cache gives the logits of computing it whol
         const auto a = chat_ids(300, 5);
         std::int64_t cached = -1;
         {
-            auto s = cache.open(so, a, std::int64_t(a.size()) - 1, cached);
+            auto s = cache.open(so, a, cuts_of(a), std::int64_t(a.size()) - 1, cached);
             CHECK(cached == 0);
             compute(m, s, a, 0);
             cache.insert(s, std::int64_t(a.size()));
@@ -95,15 +109,15 @@ TEST_CASE("a prompt resumed from the cache gives the logits of computing it whol
         std::int64_t last_boundary = 0;
         for (std::int64_t i = 0; i < std::int64_t(a.size()); ++i)
             if (a[std::size_t(i)] == kBoundary) last_boundary = i;
-        auto b = std::vector<token>(a.begin(), a.begin() + last_boundary);
+        auto b = std::vector<token>(a.begin(), a.begin() + last_boundary + 1);  // ... <|im_start|> + something else
         const auto more = chat_ids(150, 9);
         b.insert(b.end(), more.begin(), more.end());
 
         auto fresh = m.new_session(so);
         const auto want = compute(m, fresh, b, 0);
         const std::int64_t used_before = m.kv_pages_used(f16 ? 1 : 0);
-        auto s = cache.open(so, b, std::int64_t(b.size()) - 1, cached);
-        CHECK(cached == last_boundary);  // resumed at the last message start the two share
+        auto s = cache.open(so, b, cuts_of(b), std::int64_t(b.size()) - 1, cached);
+        CHECK(cached == last_boundary + 1);  // resumed just after the last message start the two share
         CHECK(s.n_past() == cached);
         // Whole pages are shared: the new session took pages only for what lies past them.
         const std::int64_t P = m.page_size();
@@ -117,8 +131,8 @@ TEST_CASE("a prompt resumed from the cache gives the logits of computing it whol
         // then does not reach the cache, and the next request still gets exact logits.
         m.restore(s, 0);
         compute(m, s, chat_ids(200, 77), 0);
-        auto s2 = cache.open(so, b, std::int64_t(b.size()) - 1, cached);
-        CHECK(cached == last_boundary);
+        auto s2 = cache.open(so, b, cuts_of(b), std::int64_t(b.size()) - 1, cached);
+        CHECK(cached == last_boundary + 1);
         CHECK(same_bits(compute(m, s2, b, cached), want));
     }
 }
@@ -131,12 +145,12 @@ TEST_CASE("the cache keeps no more than its budget: least recently used resume p
     const session_options so{.ctx = 256, .kv_f16 = true};
     auto run = [&](const std::vector<token>& p) {
         std::int64_t cached = 0;
-        auto s = cache.open(so, p, std::int64_t(p.size()) - 1, cached);
+        auto s = cache.open(so, p, cuts_of(p), std::int64_t(p.size()) - 1, cached);
         compute(m, s, p, cached);
         cache.insert(s, std::int64_t(p.size()));
         return cached;
     };
-    // Three unrelated prompts, each with one message start at 50 (one resume point each).
+    // Three unrelated prompts, each with one message start at 50 (one resume point each, at 51).
     auto prompt = [](std::uint64_t seed) {
         auto v = testutil::random_ids(80, 290, seed);
         for (auto& t : v)
@@ -148,12 +162,12 @@ TEST_CASE("the cache keeps no more than its budget: least recently used resume p
     run(a);
     run(b);
     CHECK(cache.stats().entries == 2);
-    CHECK(run(a) == 50);  // a hit: a is now the most recently used
+    CHECK(run(a) == 51);  // a hit: a is now the most recently used
     run(c);               // over budget: b goes, not a
     const auto st = cache.stats();
     CHECK(st.bytes <= st.budget);
     CHECK(st.evicted >= 1);
-    CHECK(run(a) == 50);
+    CHECK(run(a) == 51);
     CHECK(run(b) == 0);
     // Everything dropped: the pool has only what live sessions hold.
     const std::int64_t before = m.kv_pages_used(1);

@@ -83,7 +83,7 @@ TEST_CASE("prefix cache: each chat turn resumes at the previous answer and answe
             // new message and the generation prompt.
             const std::int64_t prev = prompt_of(on[t - 1].r);
             const auto gen = fx().tok.encode(thinking ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
-            CHECK(cached_of(on[t].r) == prev - std::int64_t(gen.size()));
+            CHECK(cached_of(on[t].r) == prev - std::int64_t(gen.size()) + 1);  // up to just after its <|im_start|>
             if (t + 1 < on.size()) {  // the streamed last turn's usage chunk has no timings
                 const json& tm = on[t].r.body["timings"];
                 CHECK(tm["cache_n"] == cached_of(on[t].r));
@@ -110,15 +110,45 @@ TEST_CASE("prefix cache: a small budget evicts the oldest conversations and neve
         return post(port, "/v1/chat/completions", b);
     };
     for (int k = 0; k < n; ++k) REQUIRE(ask(k).status == 200);
-    auto c = srv.stats();
-    CHECK(c.cache.evicted > 0);
-    CHECK(c.cache.bytes <= c.cache.budget);
-    CHECK(c.cache.budget == std::size_t(1) << 20);
+    // The model thread keeps a request's prefix (and evicts) just after answering it.
+    CHECK(eventually([&] {
+        const auto c = srv.stats();
+        return c.cache.evicted > 0 && c.cache.bytes <= c.cache.budget;
+    }));
+    CHECK(srv.stats().cache.budget == std::size_t(1) << 20);
     // The newest is still there, the first one is not.
     CHECK(cached_of(ask(n - 1)) > 0);
     CHECK(cached_of(ask(0)) == 0);
+    CHECK(eventually([&] {
+        const auto metrics = get(port, "/metrics");
+        return metrics.raw.find("clover_prefix_cache_evicted_total " + std::to_string(srv.stats().cache.evicted) + "\n") != std::string::npos;
+    }));
     const auto metrics = get(port, "/metrics");
-    CHECK(metrics.raw.find("clover_prefix_cache_evicted_total " + std::to_string(srv.stats().cache.evicted) + "\n") != std::string::npos);
     CHECK(metrics.raw.find("clover_prefix_cache_hits_total 1\n") != std::string::npos);
     CHECK(metrics.raw.find("# TYPE clover_kv_pages_used gauge") != std::string::npos);
+}
+
+TEST_CASE("prefix cache: cache_prompt false neither reuses nor keeps a prefix, and gives the same answer") {
+    auto& f = fx();
+    server::server srv(f.m, f.tok, opts());
+    const int port = srv.start();
+    json b = user("A long question: " + words(3, 120));
+    b["max_tokens"] = 6;
+    b["temperature"] = 0;
+    json nc = b;
+    nc["cache_prompt"] = false;
+    const auto first = post(port, "/v1/chat/completions", nc);  // not kept
+    REQUIRE(first.status == 200);
+    CHECK(srv.stats().cache.entries == 0);
+    const auto second = post(port, "/v1/chat/completions", b);  // computed whole, kept
+    CHECK(cached_of(second) == 0);
+    CHECK(eventually([&] { return srv.stats().cache.entries > 0; }));
+    const auto third = post(port, "/v1/chat/completions", nc);  // the cached prefix is there, not used
+    CHECK(cached_of(third) == 0);
+    const auto fourth = post(port, "/v1/chat/completions", b);
+    CHECK(cached_of(fourth) > 0);
+    for (const auto* r : {&first, &second, &third, &fourth})
+        CHECK((*r).body["choices"][0]["message"]["content"] == first.body["choices"][0]["message"]["content"]);
+    nc["cache_prompt"] = "no";
+    CHECK(is_error(post(port, "/v1/chat/completions", nc), 400));
 }

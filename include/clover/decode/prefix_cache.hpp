@@ -32,15 +32,17 @@
 namespace clover::decode {
 
 // Where a prompt's chunks end (ascending prompt indices in (0, n)): `batch` tokens after the
-// previous cut, or at a message start (`boundary`, e.g. <|im_start|>; -1: none) at least
-// `min_gap` tokens after it. Each cut depends only on the tokens before it.
+// previous cut, or just after a message start (`boundary`, e.g. <|im_start|>; -1: none) at
+// least `min_gap` tokens after it. Whether i is a cut depends only on prompt[0, i): any prompt
+// that begins with those tokens has the same cuts up to i, so a prefix resumed at a cut is
+// chunked as computing it whole would chunk it.
 inline std::vector<std::int64_t> prompt_cuts(std::span<const token> prompt, std::int64_t batch, token boundary,
                                              std::int64_t min_gap = 64) {
     if (batch < 1) fail("prompt_cuts: batch must be at least 1");
     std::vector<std::int64_t> cuts;
     std::int64_t last = 0;
     for (std::int64_t i = 1; i < std::int64_t(prompt.size()); ++i)
-        if (i - last == batch || (boundary >= 0 && prompt[std::size_t(i)] == boundary && i - last >= min_gap)) {
+        if (i - last == batch || (boundary >= 0 && prompt[std::size_t(i - 1)] == boundary && i - last >= min_gap)) {
             cuts.push_back(i);
             last = i;
         }
@@ -82,11 +84,14 @@ public:
     ~prefix_cache() { clear(); }
 
     // A session for `prompt`: opened from the longest cached prefix of at most `limit` tokens
-    // (`cached` says how many; 0: a fresh session). Whole pages are shared, not copied.
-    session open(session_options o, std::span<const token> prompt, std::int64_t limit, std::int64_t& cached) {
+    // that ends at one of the prompt's `cuts` (prompt_cuts: the prompt then runs in the chunks
+    // it would run in whole); `cached` says how many tokens (0: a fresh session). Whole pages
+    // are shared, not copied.
+    session open(session_options o, std::span<const token> prompt, std::span<const std::int64_t> cuts, std::int64_t limit,
+                 std::int64_t& cached) {
         cached = 0;
         ++lookups_;
-        tail* t = find(prompt, std::min<std::int64_t>(limit, std::int64_t(prompt.size()) - 1));
+        tail* t = find(prompt, cuts, std::min<std::int64_t>(limit, std::int64_t(prompt.size()) - 1));
         if (!t || (o.kv_f16 ? 1 : 0) != pool_) return m_.new_session(o);
         std::vector<std::int32_t> pages(std::size_t(t->owner->depth));
         for (node* n = t->owner; n->parent; n = n->parent) pages[std::size_t(n->depth - 1)] = n->page;
@@ -109,6 +114,9 @@ public:
         const std::vector<token>& toks = s.tokens();
         for (std::int64_t c : m_.checkpoints(s)) {
             if (c < 1 || c > upto) continue;
+            // First what can fail (a copy of the GDN states, tens of MB on a large model), so
+            // a failure leaves no page held and no node without a resume point.
+            saved st = m_.save_state(s, c);
             node* n = &root_;
             for (std::int64_t d = 0; d < c / P_; ++d) {
                 std::vector<token> key(toks.begin() + d * P_, toks.begin() + (d + 1) * P_);
@@ -138,7 +146,7 @@ public:
                 t->bytes += page_bytes_;
                 ++pages_;
             }
-            t->st = m_.save_state(s, c);
+            t->st = std::move(st);
             if (t->st) t->bytes += m_.checkpoint_bytes();
             t->used = ++clock_;
             bytes_ += t->bytes;
@@ -176,8 +184,8 @@ public:
 private:
     std::int64_t pos_of(const tail& t) const { return t.owner->depth * P_ + std::int64_t(t.toks.size()); }
 
-    // The resume point with the longest prefix of prompt[0, limit].
-    tail* find(std::span<const token> prompt, std::int64_t limit) {
+    // The resume point with the longest prefix of prompt[0, limit] that ends at a cut.
+    tail* find(std::span<const token> prompt, std::span<const std::int64_t> cuts, std::int64_t limit) {
         tail* best = nullptr;
         std::int64_t best_pos = 0;
         node* n = &root_;
@@ -186,7 +194,7 @@ private:
             const std::int64_t base = n->depth * P_;
             for (auto& t : n->tails) {
                 const std::int64_t pos = base + std::int64_t(t->toks.size());
-                if (pos < 1 || pos > limit || pos <= best_pos) continue;
+                if (pos < 1 || pos > limit || pos <= best_pos || !std::binary_search(cuts.begin(), cuts.end(), pos)) continue;
                 if (std::equal(t->toks.begin(), t->toks.end(), prompt.begin() + base)) {
                     best = t.get();
                     best_pos = pos;

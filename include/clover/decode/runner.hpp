@@ -118,6 +118,9 @@ public:
             if (!j.s || j.s->n_past() < j.cached ||
                 !std::equal(j.prompt.begin(), j.prompt.begin() + j.cached, j.s->tokens().end() - j.cached))
                 fail("generate: the session does not end with the job's ", j.cached, " cached prompt tokens");
+            // Resumed elsewhere than at a cut, the rest would be chunked unlike the whole prompt.
+            if (!j.cuts.empty() && !std::binary_search(j.cuts.begin(), j.cuts.end(), j.cached))
+                fail("generate: a prompt resumed at ", j.cached, " tokens, which is not one of its cuts");
         }
         if (!std::is_sorted(j.cuts.begin(), j.cuts.end()) || (!j.cuts.empty() && j.cuts.front() < 1))
             fail("generate: prompt cuts must be ascending positive prompt indices");

@@ -95,6 +95,7 @@ struct request {
     decode::generate_options gen;
     decoder_choice dec;
     std::int64_t ctx = 0;       // session size for this request
+    bool cache_prompt = true;   // llama-server's field: false neither reuses nor keeps a cached prefix
 };
 
 namespace protocol_detail {
@@ -314,6 +315,7 @@ inline request parse_request(const json& body, bool chat_api, const tokenizer& t
     if (max_tokens < 0) max_tokens = o.default_max_tokens;
     g.max_tokens = std::max<std::int64_t>(1, std::min(max_tokens, o.ctx - n_prompt));
     g.ignore_eos = boolean(body, "ignore_eos", false);
+    r.cache_prompt = boolean(body, "cache_prompt", true);
     g.eog = tok.eog_ids();
     auto& s = g.sampling;
     s = o.sampling;

@@ -267,11 +267,12 @@ private:
             finish_job(j, error);
             // What the prompt computed becomes a prefix for later requests — also when the
             // client went away half way (the checkpoints made are right). Not after a failed
-            // pass: its state is unknown.
-            if (cache_ && it->s && step_error.empty()) {
+            // pass: its state is unknown. After the answer is out (copying GDN states takes a
+            // while on a large model); the next request is admitted by this thread, after it.
+            if (cache_ && it->s && step_error.empty() && j.req.cache_prompt) {
                 try {
                     cache_->insert(*it->s, std::int64_t(j.req.prompt.size()));
-                } catch (const std::exception&) {  // a full pool: the request's answer stands, it is just not kept
+                } catch (const std::exception&) {  // out of memory copying GDN states: the answer stands, it is just not kept
                 }
             }
             active.erase(it);
@@ -299,7 +300,7 @@ private:
                     // without a cache, so that a request's answer never depends on what was cached.
                     r.cuts = decode::prompt_cuts(j->req.prompt, session_options{}.batch, boundary_);
                     sj.cuts = r.cuts;
-                    sj.checkpoint_cuts = cache_.has_value();
+                    sj.checkpoint_cuts = cache_.has_value() && j->req.cache_prompt;
                     sj.o = &j->req.gen;
                     sj.dec = j->req.dec;
                     sj.cancelled = [this, jp = j.get()] { return jp->cancel || jp->client_gone || stopping_; };
@@ -319,9 +320,9 @@ private:
                         return true;
                     };
                     try {
-                        if (cache_) {
+                        if (cache_ && j->req.cache_prompt) {
                             const session_options so{.ctx = j->req.ctx, .kv_f16 = opt_.kv_f16};
-                            r.s.emplace(cache_->open(so, j->req.prompt, std::int64_t(j->req.prompt.size()) - 1, sj.cached));
+                            r.s.emplace(cache_->open(so, j->req.prompt, r.cuts, std::int64_t(j->req.prompt.size()) - 1, sj.cached));
                             sj.s = &*r.s;
                         }
                         run.add(sj);

@@ -225,11 +225,13 @@ public:
     // Pages [first, first + count) of the sequence, each with one more holder.
     std::vector<std::int32_t> hold_pages(seq_id id, std::int64_t first, std::int64_t count) {
         std::lock_guard lk(*mu_);
-        const sequence& s = get_locked(id);
+        sequence& s = get_locked(id);
         if (first < 0 || count < 0 || first + count > std::int64_t(s.pages.size()))
             fail("state pool: pages [", first, ", ", first + count, ") outside the sequence's ", s.pages.size(), " pages");
         std::vector<std::int32_t> v(s.pages.begin() + first, s.pages.begin() + first + count);
         for (std::int32_t p : v) ++refs(p);
+        // The sequence now shares them too: going back below them gives it copies first.
+        s.shared = std::max(s.shared, first + count);
         return v;
     }
     // Lets go of pages taken with hold_pages.
