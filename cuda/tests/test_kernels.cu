@@ -304,10 +304,10 @@ CUDA_TEST_CASE("attention over the KV cache equals the CPU: causal rows and prev
         for (std::int64_t th = 0; th < n * H; ++th) {
             const std::int64_t t = th / H, kvh = (th % H) / group;
             const std::vector<cpud::kv_run> causal_runs{{kc.data() + kvh * hd, vc.data() + kvh * hd, kvw, pos0 + t + 1, false}};
-            cpud::attend_runs(q.data() + th * hd, causal_runs, hd, scale, causal.data() + th * hd, p);
+            cpud::attend_group(q.data() + th * hd, 1, causal_runs, hd, scale, causal.data() + th * hd, p);
             const std::vector<cpud::kv_run> block_runs{{kc.data() + kvh * hd, vc.data() + kvh * hd, kvw, pos0, false},
                                                        {kb.data() + kvh * hd, vb.data() + kvh * hd, kvw, n, false}};
-            cpud::attend_runs(q.data() + th * hd, block_runs, hd, scale, prev.data() + th * hd, p);
+            cpud::attend_group(q.data() + th * hd, 1, block_runs, hd, scale, prev.data() + th * hd, p);
         }
         dvec<float> dq(q), dkc(kc), dvc(vc), dkb(kb), dvb(vb), dout(q.size());
         cd::attn_args a{dq.p(), dout.p(), dkc.p(), dvc.p(), kvw, pos0 + 1, true};
