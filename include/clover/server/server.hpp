@@ -255,6 +255,9 @@ private:
                 std::lock_guard lk(mu_);
                 if (j.client_gone) ++counters_.cancelled;
                 else ++counters_.completed;
+                // In the same critical section as the count above: a client that has its answer
+                // must not read `completed` counted and itself still `running`.
+                running_ = std::max<std::int64_t>(0, running_ - 1);
                 counters_.prompt_tokens += it->sj.stats.prompt_tokens;
                 counters_.cached_tokens += it->sj.stats.cached_tokens;
                 counters_.generated_tokens += it->sj.stats.tokens;
