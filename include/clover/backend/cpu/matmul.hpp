@@ -288,6 +288,14 @@ struct act_view {
 // tg32x1 49.8 t/s, x2 41.4). Exactness holds: a tile's (row, token) result does not depend on
 // R, C or the row stride.
 inline constexpr std::int64_t small_batch_tokens = 8;
+// From 8 rows on, the weights of the next row pair are prefetched into L1 while this pair
+// computes. At 8 rows a pair costs ~8x the multiply-adds of a decode row per byte, and the
+// hardware prefetcher no longer keeps the streams ahead: bench_kernels' batch8 (one Zen 4
+// thread, streaming 512 MiB) read Q4_K 98 -> 113 GMAC/s, Q6_K 91 -> 110, Q8_0 50 -> 56, and
+// `clover bench --parallel 8 -n 64` (8-layer Q4_K_M, 2 threads, five alternating rounds) gained
+// a median 1.08x (0.98–1.11x; the Q8_0 file 1.04x, three rounds). With 2 or 4 rows it lost 6–17 % (as at one row: the tile is
+// memory-bound and the prefetches only compete with the hardware's), hence the threshold.
+inline constexpr std::int64_t small_batch_prefetch_from = 8;
 
 inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1, const act_view& a,
                               std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
@@ -296,8 +304,17 @@ inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_
     const std::int64_t half = (r1 - r0) / 2;
     const int C = ks.gemm_c;  // ≤ 4
     float two[2 * 4];         // [c][row of the pair]
+    const bool prefetch = t1 - t0 >= small_batch_prefetch_from;
     for (std::int64_t i = 0; i < half; ++i) {
         const std::int64_t ra = r0 + i, rb = r0 + half + i;
+        if (prefetch && i + 1 < half) {
+            const char* pa = reinterpret_cast<const char*>(w.row(ra + 1));
+            const char* pb = reinterpret_cast<const char*>(w.row(rb + 1));
+            for (std::size_t o = 0; o < ws; o += 64) {
+                __builtin_prefetch(pa + o, 0, 3);
+                __builtin_prefetch(pb + o, 0, 3);
+            }
+        }
         for (std::int64_t t = t0; t < t1; t += C) {
             const int c = int(std::min<std::int64_t>(C, t1 - t));
             ks.tile(2, c)(w.row(ra), std::size_t(half) * ws, a.row(t), a.stride, K, two, 2);
