@@ -256,8 +256,9 @@ private:
                 if (j.client_gone) ++counters_.cancelled;
                 else ++counters_.completed;
                 // In the same critical section as the count above: a client that has its answer
-                // must not read `completed` counted and itself still `running`.
-                running_ = std::max<std::int64_t>(0, running_ - 1);
+                // must not read `completed` counted and itself still `running`. Every job in
+                // `active` was counted when it was admitted.
+                --running_;
                 counters_.prompt_tokens += it->sj.stats.prompt_tokens;
                 counters_.cached_tokens += it->sj.stats.cached_tokens;
                 counters_.generated_tokens += it->sj.stats.tokens;
@@ -360,13 +361,9 @@ private:
                             break;
                         }
             }
-            std::lock_guard lk(mu_);
-            running_ = std::int64_t(active.size());
         }
         // Stopping: the runner's sessions close with it; every running request is told.
         while (!active.empty()) end_job(active.begin(), "the server is shutting down");
-        std::lock_guard lk(mu_);
-        running_ = 0;
     }
 
     static std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
