@@ -293,8 +293,9 @@ inline constexpr std::int64_t small_batch_tokens = 8;
 // hardware prefetcher no longer keeps the streams ahead: bench_kernels' batch8 (one Zen 4
 // thread, streaming 512 MiB) read Q4_K 98 -> 113 GMAC/s, Q6_K 91 -> 110, Q8_0 50 -> 56, and
 // `clover bench --parallel 8 -n 64` (8-layer Q4_K_M, 2 threads, five alternating rounds) gained
-// a median 1.08x (0.98–1.11x; the Q8_0 file 1.04x, three rounds). With 2 or 4 rows it lost 6–17 % (as at one row: the tile is
-// memory-bound and the prefetches only compete with the hardware's), hence the threshold.
+// a median 1.08x (0.98–1.11x; the Q8_0 file 1.04x, three rounds). With 2 or 4 rows it lost
+// 6–17 % (as at one row: the tile is memory-bound and the prefetches only compete with the
+// hardware's), hence the threshold.
 inline constexpr std::int64_t small_batch_prefetch_from = 8;
 
 inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1, const act_view& a,
