@@ -67,7 +67,7 @@ CUDA_TEST_CASE("K-quant model (Q4_K, Q6_K matrices): CUDA equals CPU") {
     }
 }
 
-CUDA_TEST_CASE("decode after prefill on CUDA equals one long CUDA prefill; sessions are the CPU's type") {
+CUDA_TEST_CASE("decode after prefill on CUDA equals one long CUDA prefill") {
     auto path = testutil::synth_file("cu_odd.gguf", testutil::odd_spec());
     cuda_model g(load(path), {.threads = 2});
     auto p = ids(40, g.n_vocab(), 4);

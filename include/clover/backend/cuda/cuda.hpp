@@ -3,40 +3,45 @@
 // API work with `model<V, backend::cuda>`. Only nvcc translation units may include this header
 // (it pulls in the .cuh kernels); CPU-only builds never see it.
 //
-// What this step is (README "CUDA backend"): a temporary adapter onto the backend concept
-// (backend/concept.hpp) until the CUDA issue makes every primitive a kernel on device-resident
-// state. The state pool, scratch and every primitive but the dense products are backend::cpu's
-// (host memory, host thread pool); the `matmul` primitive runs on the GPU: weights are uploaded
-// once (cached by their address in the mapped file), activations are copied in and results out
-// per call. That is correct and testable against backend::cpu, and slow (one synchronisation per
-// product). The device kernels for the rest of a pass (norm, rope, fused GDN step, chunked GDN,
-// attention, CUB routing, expert-grouped products, block softmax) are in the .cuh files beside
-// this one with tests against their CPU twins.
+// Device-resident (execution.md §2–3): weights are uploaded once (on first use, through pinned
+// staging on the backend's stream); KV pages, GDN states, conv rings, checkpoints and verify
+// records live in a device state pool (state.cuh); every primitive is a kernel (or a CUB call)
+// on one stream over the pass's device scratch. A pass uploads its batch (token ids, then the
+// rows' page tables at its first attention layer) and reads back once: read_logits, the only
+// synchronisation. The exception is `n_cpu_moe`: layers whose experts stay in host memory copy
+// their MoE input to the host and the result back (two more synchronisations per such layer).
 #if !defined(__CUDACC__)
 #error "clover/backend/cuda/cuda.hpp must be compiled by nvcc (a .cu file, CLOVER_CUDA=ON); use backend::cpu otherwise"
 #endif
 
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
+#include "clover/backend/concept.hpp"
 #include "clover/backend/cpu/cpu.hpp"
 #include "clover/backend/cuda/attention.cuh"
 #include "clover/backend/cuda/gdn.cuh"
 #include "clover/backend/cuda/matmul.cuh"
 #include "clover/backend/cuda/moe.cuh"
 #include "clover/backend/cuda/ops.cuh"
+#include "clover/backend/cuda/pass.cuh"
 #include "clover/backend/cuda/runtime.cuh"
+#include "clover/backend/cuda/state.cuh"
 #include "clover/tensor/weight.hpp"
 
 namespace clover::backend {
 
 struct cuda_options {
-    int threads = 0;    // host threads for the parts of a pass still on the CPU (0: all)
+    int threads = 0;    // host threads for the experts kept on the CPU (n_cpu_moe) (0: all)
     int device = 0;     // CUDA device ordinal
     int n_cpu_moe = 0;  // --n-cpu-moe N: the routed experts of layers 0..N-1 stay in host memory
                         // and are computed by the CPU (llama.cpp's meaning of the flag)
@@ -47,6 +52,54 @@ public:
     static constexpr const char* name = "CUDA";
     using options = cuda_options;
 
+    struct tensor {
+        float* data = nullptr;  // device memory
+        std::int64_t rows = 0, cols = 0;
+    };
+    struct route {
+        int* ids = nullptr;  // device memory
+        float* w = nullptr;
+        std::int64_t rows = 0, k = 0;
+    };
+    using state = cuda_detail::device_state_pool;
+
+    // Scratch of one pass, all device memory except the pinned staging of its uploads. Back on
+    // the backend's free list when the pass ends, after the stream has finished with it.
+    class context {
+    public:
+        struct data {
+            std::array<cuda_detail::device_buffer, std::size_t(buf::count)> bufs;
+            cuda_detail::device_buffer ids, wts, act, tokens, rows_idx, row_infos, page_ids, bases, mask, gate, shared;
+            cuda_detail::pinned_buffer pin_tokens, pin_rows, pin_infos, pin_pages, pin_bases, pin_out;
+            cuda_detail::moe_scratch moe;
+            cuda_detail::device_floats ring;  // the GDN ring's old rows while it advances
+            bool tables = false;  // row infos and page tables uploaded for this pass
+            std::int64_t n_chunks = 0;
+            std::vector<cuda_detail::row_info> host_infos;
+            std::vector<std::int32_t> host_pages, host_ids;
+            std::vector<const std::byte*> host_bases;
+            std::vector<float> hx, hy, hw;  // n_cpu_moe round trips
+        };
+        context(cuda* owner, std::unique_ptr<data> d) : owner_(owner), d_(std::move(d)) {}
+        context(context&&) = default;
+        context& operator=(context&&) = delete;
+        ~context() {
+            if (d_) owner_->release(std::move(d_));
+        }
+        tensor get(buf b, std::int64_t rows, std::int64_t cols) {
+            return {d_->bufs[std::size_t(b)].get<float>(std::size_t(std::max<std::int64_t>(1, rows * cols))), rows, cols};
+        }
+        route get_route(std::int64_t rows, std::int64_t k) {
+            const auto n = std::size_t(std::max<std::int64_t>(1, rows * k));
+            return {d_->ids.get<int>(n), d_->wts.get<float>(n), rows, k};
+        }
+        data& scratch() { return *d_; }
+
+    private:
+        cuda* owner_;
+        std::unique_ptr<data> d_;
+    };
+
     explicit cuda(options o = {}) : opt_(o), cpu_(cpu_options{o.threads}) {
         const int n = cuda_detail::device_count();
         if (n == 0) fail("backend::cuda: no CUDA device is available");
@@ -54,15 +107,17 @@ public:
         CLOVER_CUDA_CHECK(cudaSetDevice(o.device));
         stream_ = std::make_unique<cuda_detail::stream>();
     }
+    cuda(const cuda&) = delete;
+    cuda& operator=(const cuda&) = delete;
 
     int threads() const { return cpu_.threads(); }
     int device() const { return opt_.device; }
     cudaStream_t stream() const { return stream_->get(); }
     backend::cpu& host() { return cpu_; }
 
-    // The device kernels are row-exact by construction (matmul.cuh: one warp per output element
-    // with a fixed reduction tree, independent of the number of rows), so verify passes already
-    // reproduce AR decoding; the scope also makes the host fallbacks (n_cpu_moe) row-exact.
+    // The device products are row-exact by construction (matmul.cuh: one warp per output element
+    // with a fixed reduction tree, whatever the number of rows); the scope makes the host
+    // fallbacks (n_cpu_moe) row-exact too.
     class exact_rows_scope {
     public:
         explicit exact_rows_scope(cuda& be) : inner_(be.cpu_) {}
@@ -72,82 +127,224 @@ public:
     private:
         cpu::exact_rows_scope inner_;
     };
-
     template <class F>
     void parallel_for(std::int64_t n, std::int64_t grain, F&& fn) {
         cpu_.parallel_for(n, grain, std::forward<F>(fn));
     }
 
-    // ---- the backend concept: backend::cpu's state and primitives, products on the GPU ----
-    using tensor = cpu::tensor;
-    using route = cpu::route;
-    using state = cpu::state;
-    using context = cpu::context;
+    // ---- memory ----
     void map_weights(std::span<const std::byte> f) { cpu_.map_weights(f); }
-    state make_state(std::span<const layer_state_spec> spec, const state_options& o) { return cpu_.make_state(spec, o); }
-    context begin_pass() { return cpu_.begin_pass(); }
-    void rollback(state& st, seq_id seq, std::int64_t keep, std::span<const std::int64_t> layers, const gdn_shape& g) {
-        cpu_.rollback(st, seq, keep, layers, g);
+    state make_state(std::span<const layer_state_spec> spec, const state_options& o) {
+        use_device();
+        return state(spec, o, cuda_detail::device_store{stream()});
     }
-    void advance(state& st, const batch& bt) { cpu_.advance(st, bt); }
-    void embed(context& cx, const batch& bt, const weight& w, tensor h) { cpu_.embed(cx, bt, w, h); }
-    void rms_norm(context& cx, tensor x, const weight& w, tensor out, float eps) { cpu_.rms_norm(cx, x, w, out, eps); }
-    void add_rms_norm(context& cx, tensor h, tensor y, const weight& w, tensor out, float eps) {
-        cpu_.add_rms_norm(cx, h, y, w, out, eps);
+    context begin_pass() {
+        use_device();
+        std::lock_guard lk(free_mu_);
+        std::unique_ptr<context::data> d;
+        if (free_.empty()) {
+            d = std::make_unique<context::data>();
+        } else {
+            d = std::move(free_.back());
+            free_.pop_back();
+        }
+        d->tables = false;
+        return context(this, std::move(d));
     }
-    // Row-exact whatever the batch: the device product is one warp per output element with a
-    // fixed reduction tree (matmul.cuh).
-    void matmul(context&, const batch&, tensor x, std::span<const product_of<tensor>> prods) {
-        for (const auto& p : prods) matmul(*p.w, x.data, p.y.data, x.rows);
+
+    // ---- sequences ----
+    void rollback(state& st, seq_id seq, std::int64_t keep, std::span<const std::int64_t> gdn_layers, const gdn_shape& g) {
+        use_device();
+        std::int64_t& start = st.verify_start(seq);
+        const std::int64_t n = st.n_past(seq) - start;
+        if (start < 0 || keep < 0 || keep > n) fail("rollback: cannot keep ", keep, " of ", start < 0 ? 0 : n, " verified rows");
+        for (std::int64_t l : gdn_layers) replay(g, st.gdn(l, seq), keep);
+        st.truncate(seq, start + keep);
+        start = -1;
+    }
+    void advance(state& st, const batch& bt) {
+        for (const segment& s : bt.segments()) {
+            if (s.kind == pass_kind::preview) continue;
+            st.verify_start(s.seq) = s.kind == pass_kind::verify ? s.pos0 : -1;
+            st.set_n_past(s.seq, s.pos0 + s.n);
+        }
+    }
+
+    // ---- primitives (backend/concept.hpp says what each computes) ----
+    void embed(context& cx, const batch& bt, const weight& tok_embd, tensor h) {
+        auto& d = cx.scratch();
+        d.host_ids.assign(bt.tokens().begin(), bt.tokens().end());
+        const int* ids = upload(d.pin_tokens, d.tokens, d.host_ids.data(), d.host_ids.size());
+        const cuda_detail::device_matrix& w = dev(tok_embd);
+        cuda_detail::embed_rows(w.type, w.data, w.row_bytes, ids, h.data, bt.rows(), h.cols, stream());
+    }
+    void rms_norm(context&, tensor x, const weight& w, tensor out, float eps) {
+        cuda_detail::rms_norm(x.data, x.cols, f32(w), out.data, out.cols, x.rows, x.cols, eps, stream());
+    }
+    void add_rms_norm(context&, tensor h, tensor y, const weight& w, tensor out, float eps) {
+        cuda_detail::add(h.data, y.data, h.rows * h.cols, stream());
+        cuda_detail::rms_norm(h.data, h.cols, f32(w), out.data, out.cols, h.rows, h.cols, eps, stream());
+    }
+    void matmul(context& cx, const batch&, tensor x, std::span<const product_of<tensor>> prods) {
+        for (const auto& p : prods) product(cx, *p.w, x.data, x.rows, p.y.data);
     }
     void attn_prepare(context& cx, const batch& bt, state& st, std::int64_t layer, const attention_shape& a,
-                      const attention_norms& n, tensor qg, tensor k, tensor v, tensor q, tensor gate) {
-        cpu_.attn_prepare(cx, bt, st, layer, a, n, qg, k, v, q, gate);
+                      const attention_norms& nw, tensor qg, tensor k, tensor v, tensor q, tensor gate) {
+        const std::int64_t n = bt.rows(), H = a.n_head, Hkv = a.n_head_kv, hd = a.head_dim;
+        const cudaStream_t s = stream();
+        cuda_detail::split_qg(qg.data, q.data, gate.data, n * H, hd, s);
+        cuda_detail::rms_norm(q.data, hd, f32(*nw.q_norm), q.data, hd, n * H, hd, a.rms_eps, s);
+        cuda_detail::rms_norm(k.data, hd, f32(*nw.k_norm), k.data, hd, n * Hkv, hd, a.rms_eps, s);
+        cuda_detail::rope_args r;
+        r.n_rot = int(a.n_rot);
+        r.scale = std::pow(a.rope_theta, -2.0f / float(a.n_rot));
+        for (int i = 0; i < 4; ++i) r.sections[i] = a.rope_sections[i];
+        for (const segment& sg : bt.segments()) {  // positions run on within a segment
+            cuda_detail::rope(q.data + sg.row0 * H * hd, H * hd, hd, H, sg.n, sg.pos0, r, s);
+            cuda_detail::rope(k.data + sg.row0 * Hkv * hd, Hkv * hd, hd, Hkv, sg.n, sg.pos0, r, s);
+        }
+        tables(cx, bt, st);
+        cuda_detail::kv_store(k.data, v.data, cx.scratch().row_infos.get<cuda_detail::row_info>(), n, layout(cx, st, layer),
+                              Hkv * hd, st.kv_f16(), s);
     }
     void attention(context& cx, const batch& bt, state& st, std::int64_t layer, const attention_shape& a, tensor q,
                    tensor gate, tensor k, tensor v, tensor out) {
-        cpu_.attention(cx, bt, st, layer, a, q, gate, k, v, out);
+        tables(cx, bt, st);
+        cuda_detail::paged_attn_args pa{q.data, gate.data, k.data, v.data, out.data,
+                                        cx.scratch().row_infos.get<cuda_detail::row_info>(), layout(cx, st, layer),
+                                        a.n_head, a.n_head_kv, a.head_dim, a.scale, st.kv_f16()};
+        cuda_detail::paged_attention(pa, bt.rows(), stream());
     }
-    void gdn_conv(context& cx, const batch& bt, state& st, std::int64_t layer, const gdn_shape& g, const gdn_params& w,
-                  tensor m, tensor y) {
-        cpu_.gdn_conv(cx, bt, st, layer, g, w, m, y);
+    void gdn_conv(context& cx, const batch& bt, state& st, std::int64_t layer, const gdn_shape& g, const gdn_params& w, tensor m,
+                  tensor y) {
+        const std::int64_t C = g.channels;
+        const int K = int(g.conv);
+        const cudaStream_t s = stream();
+        const cuda_detail::gdn_layout L = layout_of(g);
+        for (const segment& sg : bt.segments()) {
+            auto& slot = st.gdn(layer, sg.seq);
+            const float* ms = m.data + sg.row0 * C;
+            float* ys = y.data + sg.row0 * C;
+            if (sg.kind == pass_kind::preview) {
+                cuda_detail::conv_silu(slot.ring.data(), ms, f32(*w.conv), f32(*w.conv_right), ys, sg.n, C, K, s);
+                cuda_detail::l2norm_qk(ys, sg.n, L, g.rms_eps, 1.f, s);
+                continue;
+            }
+            if (sg.kind == pass_kind::verify) {
+                slot.rec.S0 = slot.S;
+                slot.rec.ring0 = slot.ring;
+                copy_rows(slot.rec.m, ms, std::size_t(sg.n * C));
+                slot.rec.n = sg.n;
+            }
+            cuda_detail::conv_silu(slot.ring.data(), ms, f32(*w.conv), nullptr, ys, sg.n, C, K, s);
+            // The ring moves through a scratch copy: advance_ring reads the old ring while writing.
+            auto& old = cx.scratch().ring;
+            old = slot.ring;
+            cuda_detail::advance_ring(old.data(), ms, slot.ring.data(), sg.n, C, K, s);
+            cuda_detail::l2norm_qk(ys, sg.n, L, g.rms_eps, 1.f / std::sqrt(float(g.dk)), s);
+        }
     }
-    void gdn_mix(context& cx, const batch& bt, state& st, std::int64_t layer, const gdn_shape& g, const gdn_params& w,
-                 tensor y, tensor beta, tensor alpha, tensor o) {
-        cpu_.gdn_mix(cx, bt, st, layer, g, w, y, beta, alpha, o);
+    void gdn_mix(context&, const batch& bt, state& st, std::int64_t layer, const gdn_shape& g, const gdn_params& w, tensor y,
+                 tensor beta, tensor alpha, tensor o) {
+        const std::int64_t C = g.channels, Hv = g.v_heads, inner = Hv * g.dv;
+        const cudaStream_t s = stream();
+        const cuda_detail::gdn_layout L = layout_of(g);
+        cuda_detail::gdn_gates(beta.data, alpha.data, f32(*w.a), f32(*w.dt_bias), bt.rows(), Hv, s);
+        for (const segment& sg : bt.segments()) {
+            auto& slot = st.gdn(layer, sg.seq);
+            const float* ys = y.data + sg.row0 * C;
+            float* os = o.data + sg.row0 * inner;
+            float* bs = beta.data + sg.row0 * Hv;
+            float* gs = alpha.data + sg.row0 * Hv;
+            if (sg.kind == pass_kind::preview) {
+                cuda_detail::block_softmax(slot.S.data(), ys, os, L, sg.n, f32(*w.bd_scale), f32(*w.bd_bias), f32(*w.bd_c), s);
+            } else if (sg.kind == pass_kind::commit && !bt.exact && sg.n >= cpu_detail::gdn_chunked_min_rows) {
+                cuda_detail::gdn_chunked(slot.S.data(), ys, bs, gs, os, L, sg.n, s);
+            } else {
+                cuda_detail::gdn_scan_args sa{};
+                sa.S = slot.S.data();
+                sa.y = ys;
+                sa.beta = bs;
+                sa.g = gs;
+                sa.o = os;
+                sa.n = sg.n;
+                cuda_detail::gdn_scan(sa, L, s);
+            }
+            if (sg.kind == pass_kind::verify) {  // what a rollback replays
+                copy_rows(slot.rec.y, ys, std::size_t(sg.n * C));
+                copy_rows(slot.rec.g, gs, std::size_t(sg.n * Hv));
+                copy_rows(slot.rec.beta, bs, std::size_t(sg.n * Hv));
+            }
+        }
     }
-    void gated_norm(context& cx, const gdn_shape& g, const weight& w, tensor o, tensor z) { cpu_.gated_norm(cx, g, w, o, z); }
+    void gated_norm(context&, const gdn_shape& g, const weight& norm, tensor o, tensor z) {
+        cuda_detail::gated_norm(o.data, z.data, f32(norm), o.rows * g.v_heads, g.dv, g.rms_eps, stream());
+    }
     void moe_route(context& cx, const batch& bt, const moe_shape& ms, const weight& router, tensor x, route r) {
-        cpu_.moe_route(cx, bt, ms, router, x, r);
+        const std::int64_t X = ms.n_expert, k = ms.n_expert_used;
+        const cudaStream_t s = stream();
+        tensor probs = cx.get(buf::router, x.rows, X);
+        product(cx, router, x.data, x.rows, probs.data);
+        cuda_detail::softmax_rows(probs.data, x.rows, X, s);
+        bool any_coreset = false;
+        for (const segment& sg : bt.segments()) any_coreset |= sg.kind == pass_kind::preview && sg.coreset > 0 && sg.coreset < X;
+        if (!any_coreset) {
+            cuda_detail::route_topk(probs.data, x.rows, X, int(k), nullptr, r.ids, r.w, s);
+            return;
+        }
+        auto* mask = cx.scratch().mask.get<std::uint8_t>(std::size_t(X));
+        for (const segment& sg : bt.segments()) {
+            const bool restricted = sg.kind == pass_kind::preview && sg.coreset > 0 && sg.coreset < X;
+            const float* p = probs.data + sg.row0 * X;
+            if (restricted) cuda_detail::coreset(p, sg.n, X, sg.coreset, mask, s);
+            cuda_detail::route_topk(p, sg.n, X, int(k), restricted ? mask : nullptr, r.ids + sg.row0 * k, r.w + sg.row0 * k, s);
+        }
     }
-    void moe_ffn(context& cx, const batch& bt, const moe_shape& ms, const moe_params& mp, tensor x, route r, tensor out) {
-        cpu_.moe_ffn(cx, bt, ms, mp, x, r, out);
+    void moe_ffn(context& cx, const batch& bt, const moe_shape& ms, const moe_params& mp, tensor x, route r, tensor out);
+    void lm_head(context& cx, const batch& bt, const weight& output, tensor x, tensor logits) {
+        auto& d = cx.scratch();
+        d.host_ids = bt.logits_rows();
+        if (d.host_ids.empty()) return;
+        const int* rows = upload(d.pin_rows, d.rows_idx, d.host_ids.data(), d.host_ids.size());
+        product(cx, output, x.data, x.rows, logits.data, rows, std::int64_t(d.host_ids.size()));
     }
-    void lm_head(context& cx, const batch& bt, const weight& w, tensor x, tensor logits) { cpu_.lm_head(cx, bt, w, x, logits); }
-    void read_logits(context& cx, tensor logits, float* host) { cpu_.read_logits(cx, logits, host); }
+    void read_logits(context& cx, tensor logits, float* host) {
+        const std::size_t bytes = std::size_t(logits.rows * logits.cols) * sizeof(float);
+        if (bytes == 0) return;
+        auto& pin = cx.scratch().pin_out;
+        pin.reserve(bytes);
+        CLOVER_CUDA_CHECK(cudaMemcpyAsync(pin.get(), logits.data, bytes, cudaMemcpyDeviceToHost, stream()));
+        stream_->sync();  // the pass's one synchronisation
+        std::memcpy(host, pin.get(), bytes);
+    }
 
+    // ---- host-pointer helpers (kernel tests and twins; not part of the concept) ----
     // y[n, w.rows] = x[n, w.cols] · wᵀ; x and y are host pointers.
     void matmul(const weight& w, const float* x, float* y, std::int64_t n) {
         if (n <= 0) return;
+        use_device();
         if (on_host(w)) {
             cpu_.matmul(w, x, y, n);
             return;
         }
-        const cuda_detail::device_matrix& dw = upload(w);
+        std::lock_guard lk(helper_mu_);
         const std::size_t xb = std::size_t(n * w.cols) * 4, yb = std::size_t(n * w.rows) * 4;
-        float* dx = x_.get<float>(std::size_t(n * w.cols));
-        float* dy = y_.get<float>(std::size_t(n * w.rows));
-        void* act = act_.get<std::uint8_t>(cuda_detail::act_bytes(w.type, n, w.cols));
+        float* dx = hx_.get<float>(std::size_t(n * w.cols));
+        float* dy = hy_.get<float>(std::size_t(n * w.rows));
+        void* act = hact_.get<std::uint8_t>(cuda_detail::act_bytes(w.type, n, w.cols));
         CLOVER_CUDA_CHECK(cudaMemcpyAsync(dx, x, xb, cudaMemcpyHostToDevice, stream()));
-        cuda_detail::matmul(dw, dx, dy, n, act, stream());
+        cuda_detail::matmul(dev(w), dx, dy, n, act, stream());
         CLOVER_CUDA_CHECK(cudaMemcpyAsync(y, dy, yb, cudaMemcpyDeviceToHost, stream()));
-        stream_->sync();  // the caller reads y next (this is the host-interface step's cost)
+        stream_->sync();
     }
 
-    // The device copy of a weight, uploaded on first use. Keyed by the address of its first byte
-    // in the mapped file (stable for the model's life) and its shape: a row slice of a merged
-    // tensor is its own entry.
-    const cuda_detail::device_matrix& upload(const weight& w) {
+    // The device copy of a weight, uploaded on first use through pinned staging on the
+    // backend's stream (so it is ordered before every kernel that reads it). Keyed by the
+    // address of its first byte (stable for the model's life) and its shape: a row slice of a
+    // merged tensor is its own entry.
+    const cuda_detail::device_matrix& dev(const weight& w) {
+        use_device();
+        std::lock_guard lk(upload_mu_);
         const key k{w.data, w.rows * w.n_mat};
         auto it = cache_.find(k);
         if (it != cache_.end()) return it->second.m;
@@ -155,12 +352,21 @@ public:
             fail("backend::cuda: weight '", w.name, "' has type ", dtype_name(w.type), ", which has no CUDA kernel");
         entry e;
         const std::size_t bytes = std::size_t(w.rows * w.n_mat) * w.row_bytes;
-        e.buf.reserve(bytes);
-        CLOVER_CUDA_CHECK(cudaMemcpy(e.buf.get(), w.data, bytes, cudaMemcpyHostToDevice));
+        e.buf.reserve(std::max<std::size_t>(bytes, 1));
+        constexpr std::size_t chunk = std::size_t(64) << 20;  // bounded pinned staging, reused
+        staging_.reserve(std::min(bytes, chunk));
+        for (std::size_t off = 0; off < bytes; off += chunk) {
+            const std::size_t len = std::min(chunk, bytes - off);
+            stream_->sync();  // the previous chunk has left the staging buffer
+            std::memcpy(staging_.get(), reinterpret_cast<const std::byte*>(w.data) + off, len);
+            CLOVER_CUDA_CHECK(cudaMemcpyAsync(e.buf.get<std::byte>() + off, staging_.get(), len, cudaMemcpyHostToDevice,
+                                              stream()));
+        }
         e.m = {e.buf.get<const std::uint8_t>(), w.type, w.cols, w.rows, w.n_mat, w.row_bytes};
         uploaded_bytes_ += bytes;
         return cache_.emplace(k, std::move(e)).first->second.m;
     }
+    const cuda_detail::device_matrix& upload(const weight& w) { return dev(w); }
     std::size_t uploaded_bytes() const { return uploaded_bytes_; }
 
     // True when w is a routed-expert matrix of a layer below opt.n_cpu_moe (its name is
@@ -187,12 +393,130 @@ private:
         cuda_detail::device_matrix m;
     };
 
+    // Kernels launch on the calling thread's current device: a server thread that never called
+    // cudaSetDevice would use device 0.
+    void use_device() const {
+        int cur = -1;
+        CLOVER_CUDA_CHECK(cudaGetDevice(&cur));
+        if (cur != opt_.device) CLOVER_CUDA_CHECK(cudaSetDevice(opt_.device));
+    }
+    void release(std::unique_ptr<context::data> d) {
+        // The stream may still be using the pass's buffers (a pass that ended early, by an
+        // error, before read_logits): they are reused only after it is done with them.
+        (void)cudaStreamSynchronize(stream());
+        std::lock_guard lk(free_mu_);
+        free_.push_back(std::move(d));
+    }
+    const float* f32(const weight& w) { return reinterpret_cast<const float*>(dev(w).data); }
+    static cuda_detail::gdn_layout layout_of(const gdn_shape& g) {
+        return {g.channels, g.qk_heads, g.v_heads, g.dk, g.dv, g.grouped_heads};
+    }
+    // n host values through pinned staging into a device buffer, queued on the stream.
+    template <class T>
+    T* upload(cuda_detail::pinned_buffer& pin, cuda_detail::device_buffer& dst, const T* src, std::size_t n) {
+        const std::size_t bytes = std::max<std::size_t>(n, 1) * sizeof(T);
+        pin.reserve(bytes);
+        dst.reserve(bytes);
+        std::memcpy(pin.get(), src, n * sizeof(T));
+        CLOVER_CUDA_CHECK(cudaMemcpyAsync(dst.get(), pin.get(), n * sizeof(T), cudaMemcpyHostToDevice, stream()));
+        return dst.get<T>();
+    }
+    void copy_rows(cuda_detail::device_floats& dst, const float* src, std::size_t n) {
+        if (dst.stream() == nullptr) dst = cuda_detail::device_floats(n, stream());
+        dst.resize(n);
+        if (n) CLOVER_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, n * 4, cudaMemcpyDeviceToDevice, stream()));
+    }
+    // y[rows, w.rows] = x · wᵀ; with `rows`, output row p reads input row rows[p] (lm_head).
+    void product(context& cx, const weight& w, const float* x, std::int64_t n, float* y, const int* rows = nullptr,
+                 std::int64_t n_out = -1, std::int64_t ldy = -1) {
+        const cuda_detail::device_matrix& dw = dev(w);
+        const dtype at = quant::activation_type(w.type);
+        void* act = cx.scratch().act.get<std::uint8_t>(std::max<std::size_t>(1, cuda_detail::act_bytes(w.type, n, w.cols)));
+        cuda_detail::quantize_activations(at, x, act, n, w.cols, stream());
+        cuda_detail::mm_args a{};
+        a.w = dw.data;
+        a.row_bytes = dw.row_bytes;
+        a.mat_bytes = dw.mat_bytes();
+        a.x = at == dtype::f32 ? reinterpret_cast<const std::uint8_t*>(x) : static_cast<const std::uint8_t*>(act);
+        a.x_row_bytes = quant::row_bytes(at, w.cols);
+        a.xmap = rows;
+        a.y = y;
+        a.ldy = ldy < 0 ? w.rows : ldy;
+        a.N = w.rows;
+        a.K = w.cols;
+        a.n = n_out < 0 ? n : n_out;
+        cuda_detail::launch_mm(w.type, a, cuda_detail::blocks_for(a.n, cuda_detail::mm_rows), stream());
+    }
+    // The rows' descriptors and their sequences' page lists, once per pass (the first attention
+    // layer): the pool's pages do not change during a pass.
+    void tables(context& cx, const batch& bt, state& st) {
+        auto& d = cx.scratch();
+        if (d.tables) return;
+        d.host_infos.clear();
+        d.host_pages.clear();
+        for (const segment& sg : bt.segments()) {
+            const auto& pages = st.page_ids(sg.seq);
+            const auto off = std::int32_t(d.host_pages.size());
+            d.host_pages.insert(d.host_pages.end(), pages.begin(), pages.end());
+            const bool preview = sg.kind == pass_kind::preview;
+            for (std::int64_t r = 0; r < sg.n; ++r) {
+                const std::int64_t pos = sg.pos0 + r;
+                d.host_infos.push_back({std::int32_t(pos), std::int32_t(preview ? sg.pos0 : pos + 1), off,
+                                        std::int32_t(preview ? sg.row0 : 0), std::int32_t(preview ? sg.n : 0)});
+            }
+        }
+        d.n_chunks = st.n_chunks();
+        d.host_bases.clear();
+        for (std::int64_t a = 0; a < st.n_kv_slots(); ++a)
+            for (std::int64_t c = 0; c < d.n_chunks; ++c) {
+                d.host_bases.push_back(st.chunk_base(a, c, 0));
+                d.host_bases.push_back(st.chunk_base(a, c, 1));
+            }
+        upload(d.pin_infos, d.row_infos, d.host_infos.data(), d.host_infos.size());
+        upload(d.pin_pages, d.page_ids, d.host_pages.data(), d.host_pages.size());
+        upload(d.pin_bases, d.bases, d.host_bases.data(), d.host_bases.size());
+        d.tables = true;
+    }
+    cuda_detail::kv_layout layout(context& cx, state& st, std::int64_t layer) {
+        auto& d = cx.scratch();
+        const std::int64_t a = st.slot(layer);
+        return {d.bases.get<const std::byte*>() + a * d.n_chunks * 2, d.page_ids.get<std::int32_t>(), st.page_size(),
+                state::chunk_pages, std::size_t(st.kv_width(layer)) * (st.kv_f16() ? 2 : 4)};
+    }
+    // A verified GDN layer back to the state after its first `keep` rows: the segment-start
+    // state and ring, then the recurrence over the recorded rows (no weights are read).
+    void replay(const gdn_shape& g, state::gdn_slot& slot, std::int64_t keep) {
+        auto& r = slot.rec;
+        if (keep < 0 || keep > r.n) fail("gdn rollback: cannot keep ", keep, " of ", r.n, " verified rows");
+        slot.S = r.S0;
+        slot.ring = r.ring0;
+        if (keep > 0) {
+            const cudaStream_t s = stream();
+            cuda_detail::advance_ring(r.ring0.data(), r.m.data(), slot.ring.data(), keep, g.channels, int(g.conv), s);
+            cuda_detail::device_floats o(std::size_t(keep * g.v_heads * g.dv), s);  // outputs nobody reads
+            cuda_detail::gdn_scan_args sa{};
+            sa.S = slot.S.data();
+            sa.y = r.y.data();
+            sa.beta = r.beta.data();
+            sa.g = r.g.data();
+            sa.o = o.data();
+            sa.n = keep;
+            cuda_detail::gdn_scan(sa, layout_of(g), s);
+        }
+        r.n = 0;
+    }
+
     options opt_;
     backend::cpu cpu_;
     std::unique_ptr<cuda_detail::stream> stream_;
+    std::mutex free_mu_, upload_mu_, helper_mu_;
+    std::vector<std::unique_ptr<context::data>> free_;
     std::unordered_map<key, entry, key_hash> cache_;
-    cuda_detail::device_buffer x_, y_, act_;
+    cuda_detail::pinned_buffer staging_;
+    cuda_detail::device_buffer hx_, hy_, hact_;
     std::size_t uploaded_bytes_ = 0;
 };
 
 }  // namespace clover::backend
+
+#include "clover/backend/cuda/cuda_ffn.hpp"

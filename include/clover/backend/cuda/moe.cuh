@@ -53,11 +53,15 @@ static __global__ void __launch_bounds__(route_threads) route_topk_kernel(const 
     }
     __syncthreads();
     if (threadIdx.x == 0) {
+        // A coreset smaller than k leaves fewer candidates than slots: as route_row, the slots
+        // past them get weight 0 on the first candidate.
+        int kk = 0;
+        while (kk < k && top_p[kk] >= 0.f) ++kk;
         double sum = 0;  // as route_row: the renormalisation sum in double
-        for (int j = 0; j < k; ++j) sum += top_p[j];
+        for (int j = 0; j < kk; ++j) sum += top_p[j];
         for (int j = 0; j < k; ++j) {
-            ids[blockIdx.x * k + j] = top_id[j];
-            w[blockIdx.x * k + j] = float(top_p[j] / sum);
+            ids[blockIdx.x * k + j] = j < kk ? top_id[j] : top_id[0];
+            w[blockIdx.x * k + j] = j < kk ? float(top_p[j] / sum) : 0.f;
         }
     }
 }
