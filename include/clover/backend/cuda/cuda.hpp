@@ -16,6 +16,7 @@
 #error "clover/backend/cuda/cuda.hpp must be compiled by nvcc (a .cu file, CLOVER_CUDA=ON); use backend::cpu otherwise"
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -40,6 +41,7 @@ struct cuda_options {
     int device = 0;     // CUDA device ordinal
     int n_cpu_moe = 0;  // --n-cpu-moe N: the routed experts of layers 0..N-1 stay in host memory
                         // and are computed by the CPU (llama.cpp's meaning of the flag)
+    std::size_t staging_bytes = std::size_t(64) << 20;  // pinned buffer weights are uploaded through
 };
 
 class cuda {
@@ -51,7 +53,8 @@ public:
         const int n = cuda_detail::device_count();
         if (n == 0) fail("backend::cuda: no CUDA device is available");
         if (o.device < 0 || o.device >= n) fail("backend::cuda: device ", o.device, " does not exist (", n, " found)");
-        CLOVER_CUDA_CHECK(cudaSetDevice(o.device));
+        if (o.staging_bytes == 0) fail("backend::cuda: staging_bytes must be positive");
+        cuda_detail::device_guard on(o.device);
         stream_ = std::make_unique<cuda_detail::stream>();
     }
 
@@ -133,6 +136,7 @@ public:
             cpu_.matmul(w, x, y, n);
             return;
         }
+        cuda_detail::device_guard on(opt_.device);
         const cuda_detail::device_matrix& dw = upload(w);
         const std::size_t xb = std::size_t(n * w.cols) * 4, yb = std::size_t(n * w.rows) * 4;
         float* dx = x_.get<float>(std::size_t(n * w.cols));
@@ -147,16 +151,32 @@ public:
     // The device copy of a weight, uploaded on first use. Keyed by the address of its first byte
     // in the mapped file (stable for the model's life) and its shape: a row slice of a merged
     // tensor is its own entry.
+    //
+    // The bytes go through a bounded pinned staging buffer, chunk by chunk, with cudaMemcpyAsync
+    // on the backend's stream: every kernel that reads the weight is queued later on that same
+    // stream, so it runs after the copy (a cudaMemcpy from pageable memory on the legacy stream
+    // has no ordering with a non-blocking stream). The stream is synchronised before a chunk
+    // refills (or regrows) the staging buffer, which the previous copy may still be reading.
+    // Work on any other stream must synchronise with stream() before reading the copy.
     const cuda_detail::device_matrix& upload(const weight& w) {
         const key k{w.data, w.rows * w.n_mat};
         auto it = cache_.find(k);
         if (it != cache_.end()) return it->second.m;
         if (!quant::is_supported_weight(w.type))
             fail("backend::cuda: weight '", w.name, "' has type ", dtype_name(w.type), ", which has no CUDA kernel");
+        cuda_detail::device_guard on(opt_.device);
         entry e;
         const std::size_t bytes = std::size_t(w.rows * w.n_mat) * w.row_bytes;
         e.buf.reserve(bytes);
-        CLOVER_CUDA_CHECK(cudaMemcpy(e.buf.get(), w.data, bytes, cudaMemcpyHostToDevice));
+        for (std::size_t off = 0; off < bytes;) {
+            const std::size_t len = std::min(bytes - off, opt_.staging_bytes);
+            stream_->sync();
+            staging_.reserve(len);
+            std::memcpy(staging_.get(), w.data + off, len);
+            CLOVER_CUDA_CHECK(cudaMemcpyAsync(e.buf.get<std::uint8_t>() + off, staging_.get(), len, cudaMemcpyHostToDevice,
+                                              stream()));
+            off += len;
+        }
         e.m = {e.buf.get<const std::uint8_t>(), w.type, w.cols, w.rows, w.n_mat, w.row_bytes};
         uploaded_bytes_ += bytes;
         return cache_.emplace(k, std::move(e)).first->second.m;
@@ -192,6 +212,7 @@ private:
     std::unique_ptr<cuda_detail::stream> stream_;
     std::unordered_map<key, entry, key_hash> cache_;
     cuda_detail::device_buffer x_, y_, act_;
+    cuda_detail::pinned_buffer staging_;
     std::size_t uploaded_bytes_ = 0;
 };
 
