@@ -43,6 +43,9 @@ if ls "$BUNDLE" | grep -q '^libcudart'; then
     echo "bundle: a binary links libcudart dynamically (expected CUDA::cudart_static)" >&2; exit 1
 fi
 strip --strip-unneeded "$BUNDLE"/* 2> /dev/null || true
+# tests_cuda writes its synthesized models under the folder compiled into it (CLOVER_TEST_TMP,
+# this build's cuda/tmp); device_check.sh creates that path there.
+echo "$PWD/$BUILD/cuda/tmp" > "$BUNDLE/test_tmp_dir.txt"
 chmod +x "$BUNDLE"/tests_cuda "$BUNDLE"/clover_cuda_logits "$BUNDLE"/clover
 
 # Each binary must resolve every library from the bundle or the base set alone.

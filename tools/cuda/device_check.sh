@@ -50,6 +50,9 @@ for b in tests_cuda clover_cuda_logits clover; do
                              write_summary; exit 1; }
 done
 
+# tests_cuda writes its synthesized models under the folder compiled into it (bundle.sh notes it).
+[ -s "$BUNDLE/test_tmp_dir.txt" ] && mkdir -p "$(cat "$BUNDLE/test_tmp_dir.txt")"
+
 gpu=$(timeout 10 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)
 echo "gpu: $gpu"
 write_summary
