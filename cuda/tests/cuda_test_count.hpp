@@ -15,6 +15,8 @@ struct counter {
 
 }  // namespace cudatest
 
+// CUDA_TEST_CASE needs a GPU (test suite "cuda"); a plain TEST_CASE in these files checks host-
+// side logic (launch bounds, argument checks) and runs on every machine.
 #define CUDA_TEST_CASE(name) \
     static cudatest::counter DOCTEST_ANONYMOUS(cuda_test_counter_); \
-    TEST_CASE(name)
+    TEST_CASE(name * doctest::test_suite("cuda"))

@@ -290,34 +290,60 @@ CUDA_TEST_CASE("preview block softmax with history slot equals block_softmax_mix
     }
 }
 
-CUDA_TEST_CASE("attention over the KV cache equals the CPU: causal rows and preview blocks, GQA, odd head dims") {
+namespace {
+std::vector<std::uint16_t> to_f16(const std::vector<float>& v) {
+    std::vector<std::uint16_t> h(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) h[i] = quant::f32_to_f16(v[i]);
+    return h;
+}
+}  // namespace
+
+// Cache K/V as F32 or as F16 pages (state_options::kv_f16, the default), and the preview block's
+// fresh rows as F32 (what the model passes) or F16: the CPU twin is attend_group over runs of the
+// same element types.
+CUDA_TEST_CASE("attention over the KV cache equals the CPU: causal rows and preview blocks, GQA, odd head dims, F32/F16 K/V") {
     for (auto [H, Hkv, hd, pos0, n] : {std::tuple{std::int64_t(6), std::int64_t(2), std::int64_t(12), std::int64_t(0), std::int64_t(5)},
-                                       {4, 2, 33, 17, 3}, {16, 2, 256, 300, 2}, {3, 3, 7, 1, 1}}) {
-        CAPTURE(H); CAPTURE(hd); CAPTURE(pos0); CAPTURE(n);
-        const std::int64_t kvw = Hkv * hd, ctx = pos0 + n + 1;
-        const float scale = 1.f / std::sqrt(float(hd));
-        auto q = testutil::random_vec(static_cast<std::size_t>(n * H * hd), 91, -2.f, 2.f);
-        auto kc = testutil::random_vec(static_cast<std::size_t>(ctx * kvw), 92, -2.f, 2.f), vc = testutil::random_vec(static_cast<std::size_t>(ctx * kvw), 93);
-        auto kb = testutil::random_vec(static_cast<std::size_t>(n * kvw), 94, -2.f, 2.f), vb = testutil::random_vec(static_cast<std::size_t>(n * kvw), 95);
-        std::vector<float> causal(q.size()), prev(q.size()), p;
-        const std::int64_t group = H / Hkv;
-        for (std::int64_t th = 0; th < n * H; ++th) {
-            const std::int64_t t = th / H, kvh = (th % H) / group;
-            const std::vector<cpud::kv_run> causal_runs{{kc.data() + kvh * hd, vc.data() + kvh * hd, kvw, pos0 + t + 1, false}};
-            cpud::attend_group(q.data() + th * hd, 1, causal_runs, hd, scale, causal.data() + th * hd, p);
-            const std::vector<cpud::kv_run> block_runs{{kc.data() + kvh * hd, vc.data() + kvh * hd, kvw, pos0, false},
-                                                       {kb.data() + kvh * hd, vb.data() + kvh * hd, kvw, n, false}};
-            cpud::attend_group(q.data() + th * hd, 1, block_runs, hd, scale, prev.data() + th * hd, p);
+                                       {4, 2, 33, 17, 3}, {16, 2, 256, 300, 2}, {3, 3, 7, 1, 1}, {8, 1, 65, 41, 7}}) {
+        for (auto [a16, b16] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
+            CAPTURE(H); CAPTURE(hd); CAPTURE(pos0); CAPTURE(n); CAPTURE(a16); CAPTURE(b16);
+            const std::int64_t kvw = Hkv * hd, ctx = pos0 + n + 1;
+            const float scale = 1.f / std::sqrt(float(hd));
+            auto q = testutil::random_vec(static_cast<std::size_t>(n * H * hd), 91, -2.f, 2.f);
+            auto kc = testutil::random_vec(static_cast<std::size_t>(ctx * kvw), 92, -2.f, 2.f), vc = testutil::random_vec(static_cast<std::size_t>(ctx * kvw), 93);
+            auto kb = testutil::random_vec(static_cast<std::size_t>(n * kvw), 94, -2.f, 2.f), vb = testutil::random_vec(static_cast<std::size_t>(n * kvw), 95);
+            const auto kc16 = to_f16(kc), vc16 = to_f16(vc), kb16 = to_f16(kb), vb16 = to_f16(vb);
+            const void* ka_h = a16 ? static_cast<const void*>(kc16.data()) : kc.data();
+            const void* va_h = a16 ? static_cast<const void*>(vc16.data()) : vc.data();
+            const void* kb_h = b16 ? static_cast<const void*>(kb16.data()) : kb.data();
+            const void* vb_h = b16 ? static_cast<const void*>(vb16.data()) : vb.data();
+            const std::size_t ea = a16 ? 2 : 4, eb = b16 ? 2 : 4;  // element bytes of each span
+            auto off = [](const void* p, std::size_t bytes) { return static_cast<const void*>(static_cast<const std::byte*>(p) + bytes); };
+            std::vector<float> causal(q.size()), prev(q.size()), p;
+            const std::int64_t group = H / Hkv;
+            for (std::int64_t th = 0; th < n * H; ++th) {
+                const std::int64_t t = th / H, kvh = (th % H) / group;
+                const std::size_t ha = std::size_t(kvh * hd) * ea, hb = std::size_t(kvh * hd) * eb;
+                const std::vector<cpud::kv_run> causal_runs{{off(ka_h, ha), off(va_h, ha), kvw, pos0 + t + 1, a16}};
+                cpud::attend_group(q.data() + th * hd, 1, causal_runs, hd, scale, causal.data() + th * hd, p);
+                const std::vector<cpud::kv_run> block_runs{{off(ka_h, ha), off(va_h, ha), kvw, pos0, a16},
+                                                           {off(kb_h, hb), off(vb_h, hb), kvw, n, b16}};
+                cpud::attend_group(q.data() + th * hd, 1, block_runs, hd, scale, prev.data() + th * hd, p);
+            }
+            dvec<float> dq(q), dkc(kc), dvc(vc), dkb(kb), dvb(vb), dout(q.size());
+            dvec<std::uint16_t> dkc16(kc16), dvc16(vc16), dkb16(kb16), dvb16(vb16);
+            const void* dka = a16 ? static_cast<const void*>(dkc16.p()) : dkc.p();
+            const void* dva = a16 ? static_cast<const void*>(dvc16.p()) : dvc.p();
+            const void* dkbp = b16 ? static_cast<const void*>(dkb16.p()) : dkb.p();
+            const void* dvbp = b16 ? static_cast<const void*>(dvb16.p()) : dvb.p();
+            cd::attn_args a{dq.p(), dout.p(), dka, dva, kvw, pos0 + 1, true};
+            a.H = H; a.Hkv = Hkv; a.hd = hd; a.scale = scale; a.a_f16 = a16;
+            cd::attention(a, n, nullptr);
+            CHECK(rel(dout.host(), causal) < 1e-5f);
+            cd::attn_args b{dq.p(), dout.p(), dka, dva, kvw, pos0, false, dkbp, dvbp, kvw, n};
+            b.H = H; b.Hkv = Hkv; b.hd = hd; b.scale = scale; b.a_f16 = a16; b.b_f16 = b16;
+            cd::attention(b, n, nullptr);
+            CHECK(rel(dout.host(), prev) < 1e-5f);
         }
-        dvec<float> dq(q), dkc(kc), dvc(vc), dkb(kb), dvb(vb), dout(q.size());
-        cd::attn_args a{dq.p(), dout.p(), dkc.p(), dvc.p(), kvw, pos0 + 1, true};
-        a.H = H; a.Hkv = Hkv; a.hd = hd; a.scale = scale;
-        cd::attention(a, n, nullptr);
-        CHECK(rel(dout.host(), causal) < 1e-5f);
-        cd::attn_args b{dq.p(), dout.p(), dkc.p(), dvc.p(), kvw, pos0, false, dkb.p(), dvb.p(), kvw, n};
-        b.H = H; b.Hkv = Hkv; b.hd = hd; b.scale = scale;
-        cd::attention(b, n, nullptr);
-        CHECK(rel(dout.host(), prev) < 1e-5f);
     }
 }
 
@@ -349,7 +375,9 @@ CUDA_TEST_CASE("CUB routing: top-k with ties to the lower index, coreset masks, 
     }
 }
 
-CUDA_TEST_CASE("expert-grouped products (CUB sort/scan grouping) equal the CPU experts loop") {
+// With and without the shared expert: its gate/up/down products over every row and the input
+// gate sigmoid(x·g) added after the routed experts (cpu moe_ffn's order).
+CUDA_TEST_CASE("expert-grouped products (CUB sort/scan grouping) and the shared expert equal the CPU experts loop") {
     for (auto t : {dtype::f32, dtype::q8_0, dtype::q4_k, dtype::bf16}) {
         CAPTURE(dtype_name(t));
         auto s = t == dtype::q4_k ? cudatest::kquant_tiny(t) : synth::preset("tiny");
@@ -361,35 +389,47 @@ CUDA_TEST_CASE("expert-grouped products (CUB sort/scan grouping) equal the CPU e
         backend::cuda be({.threads = 2});
         const auto& mw = m.weights().layers[1].moe;
         const dims<variants::from_file> d = m.dim();
-        for (std::int64_t n : {1, 6, 37}) {
-            CAPTURE(n);
-            const std::int64_t E = d.n_embd(), X = d.n_expert();
-            const int k = int(d.n_expert_used());
-            auto x = testutil::random_vec(static_cast<std::size_t>(n * E), 111 + std::uint64_t(n));
-            auto probs = testutil::random_vec(static_cast<std::size_t>(n * X), 112, 0.f, 1.f);
-            std::vector<std::int32_t> ids(static_cast<std::size_t>(n * k));
-            std::vector<float> w(ids.size());
-            for (std::int64_t r = 0; r < n; ++r) cpud::route_row(probs.data() + r * X, X, k, {}, ids.data() + r * k, w.data() + r * k);
-            std::vector<float> want(static_cast<std::size_t>(n * E));
-            // The CPU twin: the MoE primitive with the shared expert left out (moe_experts is the
-            // routed part only).
-            using moe = layers::sparse_moe<variants::from_file>;
-            auto sh = moe::shape(d, mw);
-            sh.n_ff_shared = 0;
-            auto mp = moe::params(mw);
-            mp.gate_shexp = nullptr;
-            cpud::gemm_scratch gs;
-            cpud::moe_scratch ms;
-            cpud::thread_pool pool(2);
-            cpud::moe_ffn(pool, gs, ms, sh, mp, x.data(), n, ids.data(), w.data(), want.data(), E, true);
-            const auto& gate = be.upload(mw.gate_exps);
-            const auto& up = be.upload(mw.up_exps);
-            const auto& down = be.upload(mw.down_exps);
-            dvec<float> dx(x), dw(w), dout(want.size());
-            dvec<int> did(std::vector<int>(ids.begin(), ids.end()));
-            cd::moe_scratch sc;
-            cd::moe_experts(gate, &up, down, dx.p(), did.p(), dw.p(), dout.p(), n, k, sc, nullptr);
-            CHECK(rel(dout.host(), want) < 1e-5f);
+        using moe = layers::sparse_moe<variants::from_file>;
+        REQUIRE(moe::shape(d, mw).n_ff_shared > 0);  // the tiny models have a shared expert
+        for (bool with_shared : {false, true}) {
+            for (std::int64_t n : {1, 6, 37}) {
+                CAPTURE(with_shared); CAPTURE(n);
+                const std::int64_t E = d.n_embd(), X = d.n_expert();
+                const int k = int(d.n_expert_used());
+                auto x = testutil::random_vec(static_cast<std::size_t>(n * E), 111 + std::uint64_t(n));
+                auto probs = testutil::random_vec(static_cast<std::size_t>(n * X), 112, 0.f, 1.f);
+                std::vector<std::int32_t> ids(static_cast<std::size_t>(n * k));
+                std::vector<float> w(ids.size());
+                for (std::int64_t r = 0; r < n; ++r) cpud::route_row(probs.data() + r * X, X, k, {}, ids.data() + r * k, w.data() + r * k);
+                std::vector<float> want(static_cast<std::size_t>(n * E));
+                auto sh = moe::shape(d, mw);
+                auto mp = moe::params(mw);
+                if (!with_shared) {
+                    sh.n_ff_shared = 0;
+                    mp.gate_shexp = nullptr;
+                }
+                cpud::gemm_scratch gs;
+                cpud::moe_scratch ms;
+                cpud::thread_pool pool(2);
+                cpud::moe_ffn(pool, gs, ms, sh, mp, x.data(), n, ids.data(), w.data(), want.data(), E, true);
+                const auto& gate = be.upload(mw.gate_exps);
+                const auto& up = be.upload(mw.up_exps);
+                const auto& down = be.upload(mw.down_exps);
+                cd::moe_shared shared;
+                if (with_shared) {
+                    shared.gate = &be.upload(mw.gate_shexp);
+                    shared.up = &be.upload(mw.up_shexp);
+                    shared.down = &be.upload(mw.down_shexp);
+                    shared.input_gate = &be.upload(mw.shexp_gate);
+                }
+                // Uploads are ordered on the backend's stream; these kernels run on the legacy one.
+                CLOVER_CUDA_CHECK(cudaStreamSynchronize(be.stream()));
+                dvec<float> dx(x), dw(w), dout(want.size());
+                dvec<int> did(std::vector<int>(ids.begin(), ids.end()));
+                cd::moe_scratch sc;
+                cd::moe_experts(gate, &up, down, dx.p(), did.p(), dw.p(), dout.p(), n, k, sc, nullptr, &shared);
+                CHECK(rel(dout.host(), want) < 1e-5f);
+            }
         }
     }
 }

@@ -1,57 +1,75 @@
 #!/usr/bin/env bash
-# The GPU session's checklist for the CUDA backend, as one script (run it on a machine with an
-# NVIDIA GPU, e.g. an H200, from the repository root). It
-#   1. configures and builds the `cuda` preset (tests_cuda, clover_cuda_logits) with -j$JOBS,
-#   2. runs tests_cuda: every kernel against its CPU twin, whole-model logits CUDA vs CPU,
-#   3. benchmarks clover_cuda_logits (prefill/decode, CUDA vs CPU, max logit difference) on the
-#      tiny synthetic model and on a synthesized full-width model with few layers (256 experts,
-#      4 layers, vocabulary cut to 32768, Q8_0: ~3.5 GB; QUICK=1 skips it).
-# Output goes to $OUT (default ./out/cuda_check): build.log, tests.log, bench.log, summary.txt.
-# Everything is bounded by `timeout`, so a hang still leaves the logs behind.
+# The CUDA backend's checks on the GPU machine, as it is: bare (no compiler, cmake, packages or
+# network), given the repository's working tree plus device-bundle/ (carried; built HERE by
+# tools/cuda/bundle.sh). It never builds anything. Run from the repository root:
+#     bash tools/cuda/device_check.sh          (results under $OUT, default ./out/cuda_check)
+# In order: tests_cuda (kernel twins, then the model tests), synthesis of the benchmark models
+# with the carried `clover gguf synth` (tiny; a full-width 2-layer Q8_0 model only if it writes
+# within its budget), clover_cuda_logits prefill/decode on each. Every step runs under `timeout`
+# and the budgets add up to 375 s (410 s with each step's 5 s kill grace), under the 420 s one
+# device command may take. Results:
+# summary.json (one object per step: name, rc, seconds, detail) and each step's log.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/out/cuda_check}"
-JOBS="${JOBS:-$(nproc)}"
-BUILD="${BUILD:-build-cuda}"
+BUNDLE="$PWD/device-bundle"
 mkdir -p "$OUT"
-summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
-: > "$OUT/summary.txt"
+export LD_LIBRARY_PATH="$BUNDLE${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+MODELS="${TMPDIR:-/tmp}/clover-device-models"
+mkdir -p "$MODELS"
 
-# The machine may start bare: name what is missing instead of failing half-way through a build.
-missing=""
-for tool in cmake ninja /usr/local/cuda/bin/nvcc g++ pkg-config; do command -v "$tool" > /dev/null || missing="$missing $tool"; done
-for hdr in /usr/include/eigen3/Eigen/Core /usr/include/doctest/doctest.h /usr/include/CLI/CLI.hpp; do [ -e "$hdr" ] || missing="$missing $hdr"; done
-pkg-config --exists libpcre2-8 2>/dev/null || missing="$missing libpcre2-8"
-[ -z "$missing" ] || { summary "missing:$missing (scripts/setup.sh installs them where apt is reachable)"; exit 1; }
+steps=()  # JSON objects, one per step
+json_str() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; s=${s//$'\n'/ }; s=${s//$'\t'/ }; printf '"%s"' "$s"; }
+write_summary() {
+    { printf '{\n  "gpu": %s,\n  "steps": [\n' "$(json_str "${gpu:-unknown}")"
+      local i
+      for i in "${!steps[@]}"; do printf '    %s%s\n' "${steps[$i]}" "$([ "$i" -lt $((${#steps[@]} - 1)) ] && echo ,)"; done
+      printf '  ]\n}\n'; } > "$OUT/summary.json"
+}
+# step NAME BUDGET_S LOG CMD...: runs CMD under timeout, appends its record, returns its rc.
+step() {
+    local name=$1 budget=$2 log=$3; shift 3
+    local t0 rc
+    t0=$(date +%s.%N)
+    timeout --kill-after=5 "$budget" "$@" > "$OUT/$log" 2>&1
+    rc=$?
+    local secs
+    secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    local detail
+    detail=$(grep -E '^\[doctest\] (test cases|assertions)|CUDA +(prefill|decode)|max \||no CUDA device|error' "$OUT/$log" | head -6 | tr '\n' ';')
+    [ "$rc" = 124 ] || [ "$rc" = 137 ] && detail="timed out after ${budget} s; $detail"
+    steps+=("{\"name\": $(json_str "$name"), \"rc\": $rc, \"seconds\": $secs, \"budget_s\": $budget, \"log\": $(json_str "$log"), \"detail\": $(json_str "$detail")}")
+    write_summary
+    echo "$name: rc=$rc ${secs}s $detail"
+    return $rc
+}
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
-
-start=$(date +%s)
-if cmake --preset cuda -B "$BUILD" > "$OUT/build.log" 2>&1 &&
-   timeout 900 cmake --build "$BUILD" -j "$JOBS" --target clover_cuda_all clover_cli >> "$OUT/build.log" 2>&1; then
-    summary "build: ok ($(( $(date +%s) - start )) s, -j$JOBS)"
-else
-    summary "build: FAILED (see build.log)"; tail -40 "$OUT/build.log"; exit 1
-fi
-
-start=$(date +%s)
-timeout 1200 "$BUILD/cuda/tests_cuda" --duration=true > "$OUT/tests.log" 2>&1
-rc=$?
-summary "tests_cuda: rc=$rc ($(( $(date +%s) - start )) s): $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/tests.log" | tr '\n' ' ')"
-[ $rc -ne 0 ] && grep -B2 -A12 -E 'ERROR|FATAL' "$OUT/tests.log" | head -120
-
-# Benchmarks: synthetic models written by the clover command (tiny; full width with 4 layers).
-mkdir -p "$BUILD/bench"
-tiny="$BUILD/bench/tiny.gguf"; wide="$BUILD/bench/wide_q8_0.gguf"
-[ -f "$tiny" ] || "$BUILD/clover" gguf synth --preset tiny -o "$tiny" >> "$OUT/bench.log" 2>&1
-[ "${QUICK:-0}" = 1 ] || [ -f "$wide" ] || "$BUILD/clover" gguf synth --preset clover-35b-a3b --layers 4 --vocab 32768 --type q8_0 -o "$wide" >> "$OUT/bench.log" 2>&1
-for m in "$tiny" "$wide"; do
-    [ -f "$m" ] || { summary "bench: $m missing (clover gguf synth failed, see bench.log)"; continue; }
-    echo "== $m" >> "$OUT/bench.log"
-    timeout 600 "$BUILD/clover_cuda_logits" "$m" --prompt 128 --decode 16 >> "$OUT/bench.log" 2>&1
-    summary "bench $(basename "$m"): rc=$? $(grep -E 'CUDA +prefill|max \|CUDA' "$OUT/bench.log" | tail -2 | tr '\n' ' ')"
+for b in tests_cuda clover_cuda_logits clover; do
+    [ -x "$BUNDLE/$b" ] || { echo "device_check: $BUNDLE/$b missing: run tools/cuda/bundle.sh here, then carry device-bundle" >&2
+                             steps+=("{\"name\": \"bundle\", \"rc\": 1, \"detail\": $(json_str "$b missing from device-bundle")}")
+                             write_summary; exit 1; }
 done
-[ -f "$wide" ] && { echo "== $wide --n-cpu-moe 2" >> "$OUT/bench.log";
-    timeout 600 "$BUILD/clover_cuda_logits" "$wide" --prompt 64 --decode 8 --n-cpu-moe 2 --no-cpu >> "$OUT/bench.log" 2>&1;
-    summary "bench n-cpu-moe 2: rc=$? $(grep -E 'CUDA +prefill' "$OUT/bench.log" | tail -1)"; }
-cat "$OUT/summary.txt"
+
+# tests_cuda writes its synthesized models under the folder compiled into it (bundle.sh notes it).
+[ -s "$BUNDLE/test_tmp_dir.txt" ] && mkdir -p "$(cat "$BUNDLE/test_tmp_dir.txt")"
+
+gpu=$(timeout 10 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)
+echo "gpu: $gpu"
+write_summary
+
+# 1. Kernel twins and host-side checks, then the model tests (doctest's order: by file).
+step tests_kernels 100 tests_kernels.log "$BUNDLE/tests_cuda" --duration=true --source-file='*test_kernels*,*test_launch*'
+step tests_model 90 tests_model.log "$BUNDLE/tests_cuda" --duration=true --source-file='*test_model*'
+
+# 2. Benchmark models, written by the carried clover (the wide one only if it writes in time).
+tiny="$MODELS/tiny.gguf" wide="$MODELS/wide_2l_q8_0.gguf"
+[ -s "$tiny" ] || step synth_tiny 10 synth_tiny.log "$BUNDLE/clover" gguf synth --preset tiny -o "$tiny"
+[ -s "$wide" ] || step synth_wide 60 synth_wide.log "$BUNDLE/clover" gguf synth --preset clover-35b-a3b --layers 2 \
+    --vocab 32768 --type q8_0 -o "$wide" || rm -f "$wide"
+
+# 3. Prefill/decode, CUDA against CPU (max logit difference and timings).
+[ -s "$tiny" ] && step bench_tiny 30 bench_tiny.log "$BUNDLE/clover_cuda_logits" "$tiny" --prompt 128 --decode 16
+[ -s "$wide" ] && step bench_wide 75 bench_wide.log "$BUNDLE/clover_cuda_logits" "$wide" --prompt 64 --decode 8
+
+write_summary
+cat "$OUT/summary.json"

@@ -6,6 +6,9 @@
 //   causal (commit/verify): row t attends cache keys [0, pos0 + t] (its own row already written)
 //   preview: every row attends cache keys [0, p) and all B fresh block rows (no mask in the block)
 // GQA: query head h reads KV head h / (H / Hkv).
+// K/V rows are F32 or F16 bits per span (sessions hold F16 pages by default, state_options::
+// kv_f16, while a preview block's fresh rows are F32): the kernel is a template on each span's
+// element type, chosen at the host entry; F16 is widened exactly (f16_to_f32), as the CPU does.
 #include <cstdint>
 
 #include "clover/backend/cuda/runtime.cuh"
@@ -18,18 +21,25 @@ inline constexpr int attn_max_dims_per_lane = 16;  // head_dim <= 512
 struct attn_args {
     const float* q;        // [n, H, hd]
     float* out;            // [n, H, hd]
-    const float* ka;       // span a (the cache): row j at ka + j * stride_a + kvh * hd
-    const float* va;
+    const void* ka;        // span a (the cache): row j at ka + j * stride_a + kvh * hd (elements)
+    const void* va;
     std::int64_t stride_a;
     std::int64_t na0;      // span a length for row 0
     bool causal;           // span a length for row t is na0 + t (else na0 for all rows)
-    const float* kb = nullptr;  // span b (preview block rows), length nb, same layout
-    const float* vb = nullptr;
+    const void* kb = nullptr;  // span b (preview block rows), length nb, same layout
+    const void* vb = nullptr;
     std::int64_t stride_b = 0, nb = 0;
-    std::int64_t H, Hkv, hd;
-    float scale;
+    std::int64_t H = 0, Hkv = 0, hd = 0;
+    float scale = 1.f;
+    bool a_f16 = false;    // span a holds F16 bits (std::uint16_t), else F32
+    bool b_f16 = false;    // span b likewise
 };
 
+__device__ inline float kv_value(const float* p, std::int64_t i) { return p[i]; }
+__device__ inline float kv_value(const std::uint16_t* p, std::int64_t i) { return f16_to_f32(p[i]); }
+
+// KA, KB: the element types of span a and span b (float or std::uint16_t F16 bits).
+template <class KA, class KB>
 static __global__ void __launch_bounds__(attn_warps * 32) attention_kernel(attn_args a) {
     const std::int64_t t = blockIdx.x / a.H, h = blockIdx.x % a.H, kvh = h / (a.H / a.Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -44,16 +54,20 @@ static __global__ void __launch_bounds__(attn_warps * 32) attention_kernel(attn_
     }
     const std::int64_t na = a.causal ? a.na0 + t : a.na0, n = na + a.nb;
     float m = -INFINITY, l = 0.f;
+    const auto* ka = static_cast<const KA*>(a.ka);
+    const auto* va = static_cast<const KA*>(a.va);
+    const auto* kb = static_cast<const KB*>(a.kb);
+    const auto* vb = static_cast<const KB*>(a.vb);
     for (std::int64_t j = warp; j < n; j += attn_warps) {
-        const float* kj = j < na ? a.ka + j * a.stride_a + kvh * a.hd : a.kb + (j - na) * a.stride_b + kvh * a.hd;
-        const float* vj = j < na ? a.va + j * a.stride_a + kvh * a.hd : a.vb + (j - na) * a.stride_b + kvh * a.hd;
+        const bool in_a = j < na;
+        const std::int64_t ra = in_a ? j * a.stride_a + kvh * a.hd : 0, rb = in_a ? 0 : (j - na) * a.stride_b + kvh * a.hd;
         float s = 0.f;
         // Constant trip counts (guarded) keep qr/acc in registers; a loop bounded by per_lane
         // would put them in local memory (ptxas: 128-byte stack frame).
 #pragma unroll
         for (int d = 0; d < attn_max_dims_per_lane; ++d) {
             const std::int64_t i = lane + 32 * d;
-            if (d < per_lane && i < a.hd) s += qr[d] * kj[i];
+            if (d < per_lane && i < a.hd) s += qr[d] * (in_a ? kv_value(ka, ra + i) : kv_value(kb, rb + i));
         }
         s = warp_sum(s) * a.scale;
         const float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
@@ -61,7 +75,8 @@ static __global__ void __launch_bounds__(attn_warps * 32) attention_kernel(attn_
 #pragma unroll
         for (int d = 0; d < attn_max_dims_per_lane; ++d) {
             const std::int64_t i = lane + 32 * d;
-            if (d < per_lane) acc[d] = acc[d] * corr + (i < a.hd ? p * vj[i] : 0.f);
+            if (d < per_lane)
+                acc[d] = acc[d] * corr + (i < a.hd ? p * (in_a ? kv_value(va, ra + i) : kv_value(vb, rb + i)) : 0.f);
         }
         m = mn;
     }
@@ -92,8 +107,15 @@ static __global__ void __launch_bounds__(attn_warps * 32) attention_kernel(attn_
 inline void attention(const attn_args& a, std::int64_t n_rows, cudaStream_t s) {
     if (n_rows <= 0) return;
     if (a.hd > 32 * attn_max_dims_per_lane) fail("cuda attention: head_dim ", a.hd, " exceeds ", 32 * attn_max_dims_per_lane);
-    attention_kernel<<<unsigned(n_rows * a.H), attn_warps * 32, 0, s>>>(a);
-    check_launch("attention");
+    if (a.H <= 0 || a.Hkv <= 0 || a.H % a.Hkv != 0)
+        fail("cuda attention: ", a.H, " query heads do not group over ", a.Hkv, " KV heads");
+    const unsigned grid = grid_x("attention_kernel", n_rows * a.H), threads = attn_warps * 32;
+    using f16 = std::uint16_t;
+    if (!a.a_f16 && !a.b_f16) attention_kernel<float, float><<<grid, threads, 0, s>>>(a);
+    else if (a.a_f16 && !a.b_f16) attention_kernel<f16, float><<<grid, threads, 0, s>>>(a);
+    else if (!a.a_f16) attention_kernel<float, f16><<<grid, threads, 0, s>>>(a);
+    else attention_kernel<f16, f16><<<grid, threads, 0, s>>>(a);
+    check_launch("attention_kernel");
 }
 
 }  // namespace clover::backend::cuda_detail

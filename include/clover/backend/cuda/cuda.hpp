@@ -45,6 +45,7 @@ struct cuda_options {
     int device = 0;     // CUDA device ordinal
     int n_cpu_moe = 0;  // --n-cpu-moe N: the routed experts of layers 0..N-1 stay in host memory
                         // and are computed by the CPU (llama.cpp's meaning of the flag)
+    std::size_t staging_bytes = std::size_t(64) << 20;  // pinned buffer weights are uploaded through
 };
 
 class cuda {
@@ -69,7 +70,7 @@ public:
     public:
         struct data {
             std::array<cuda_detail::device_buffer, std::size_t(buf::count)> bufs;
-            cuda_detail::device_buffer ids, wts, act, tokens, rows_idx, row_infos, page_ids, bases, mask, gate, shared;
+            cuda_detail::device_buffer ids, wts, act, tokens, rows_idx, row_infos, page_ids, bases, mask;
             cuda_detail::pinned_buffer pin_tokens, pin_rows, pin_infos, pin_pages, pin_bases, pin_out;
             cuda_detail::moe_scratch moe;
             cuda_detail::device_floats ring;  // the GDN ring's old rows while it advances
@@ -104,7 +105,8 @@ public:
         const int n = cuda_detail::device_count();
         if (n == 0) fail("backend::cuda: no CUDA device is available");
         if (o.device < 0 || o.device >= n) fail("backend::cuda: device ", o.device, " does not exist (", n, " found)");
-        CLOVER_CUDA_CHECK(cudaSetDevice(o.device));
+        if (o.staging_bytes == 0) fail("backend::cuda: staging_bytes must be positive");
+        cuda_detail::device_guard on(o.device);
         stream_ = std::make_unique<cuda_detail::stream>();
     }
     cuda(const cuda&) = delete;
@@ -135,11 +137,11 @@ public:
     // ---- memory ----
     void map_weights(std::span<const std::byte> f) { cpu_.map_weights(f); }
     state make_state(std::span<const layer_state_spec> spec, const state_options& o) {
-        use_device();
+        cuda_detail::device_guard on(opt_.device);
         return state(spec, o, cuda_detail::device_store{stream()});
     }
     context begin_pass() {
-        use_device();
+        cuda_detail::device_guard on(opt_.device);
         std::lock_guard lk(free_mu_);
         std::unique_ptr<context::data> d;
         if (free_.empty()) {
@@ -154,7 +156,7 @@ public:
 
     // ---- sequences ----
     void rollback(state& st, seq_id seq, std::int64_t keep, std::span<const std::int64_t> gdn_layers, const gdn_shape& g) {
-        use_device();
+        cuda_detail::device_guard on(opt_.device);
         std::int64_t& start = st.verify_start(seq);
         const std::int64_t n = st.n_past(seq) - start;
         if (start < 0 || keep < 0 || keep > n) fail("rollback: cannot keep ", keep, " of ", start < 0 ? 0 : n, " verified rows");
@@ -172,6 +174,7 @@ public:
 
     // ---- primitives (backend/concept.hpp says what each computes) ----
     void embed(context& cx, const batch& bt, const weight& tok_embd, tensor h) {
+        cuda_detail::device_guard on(opt_.device);
         auto& d = cx.scratch();
         d.host_ids.assign(bt.tokens().begin(), bt.tokens().end());
         const int* ids = upload(d.pin_tokens, d.tokens, d.host_ids.data(), d.host_ids.size());
@@ -179,17 +182,21 @@ public:
         cuda_detail::embed_rows(w.type, w.data, w.row_bytes, ids, h.data, bt.rows(), h.cols, stream());
     }
     void rms_norm(context&, tensor x, const weight& w, tensor out, float eps) {
+        cuda_detail::device_guard on(opt_.device);
         cuda_detail::rms_norm(x.data, x.cols, f32(w), out.data, out.cols, x.rows, x.cols, eps, stream());
     }
     void add_rms_norm(context&, tensor h, tensor y, const weight& w, tensor out, float eps) {
+        cuda_detail::device_guard on(opt_.device);
         cuda_detail::add(h.data, y.data, h.rows * h.cols, stream());
         cuda_detail::rms_norm(h.data, h.cols, f32(w), out.data, out.cols, h.rows, h.cols, eps, stream());
     }
     void matmul(context& cx, const batch&, tensor x, std::span<const product_of<tensor>> prods) {
+        cuda_detail::device_guard on(opt_.device);
         for (const auto& p : prods) product(cx, *p.w, x.data, x.rows, p.y.data);
     }
     void attn_prepare(context& cx, const batch& bt, state& st, std::int64_t layer, const attention_shape& a,
                       const attention_norms& nw, tensor qg, tensor k, tensor v, tensor q, tensor gate) {
+        cuda_detail::device_guard on(opt_.device);
         const std::int64_t n = bt.rows(), H = a.n_head, Hkv = a.n_head_kv, hd = a.head_dim;
         const cudaStream_t s = stream();
         cuda_detail::split_qg(qg.data, q.data, gate.data, n * H, hd, s);
@@ -209,6 +216,7 @@ public:
     }
     void attention(context& cx, const batch& bt, state& st, std::int64_t layer, const attention_shape& a, tensor q,
                    tensor gate, tensor k, tensor v, tensor out) {
+        cuda_detail::device_guard on(opt_.device);
         tables(cx, bt, st);
         cuda_detail::paged_attn_args pa{q.data, gate.data, k.data, v.data, out.data,
                                         cx.scratch().row_infos.get<cuda_detail::row_info>(), layout(cx, st, layer),
@@ -217,6 +225,7 @@ public:
     }
     void gdn_conv(context& cx, const batch& bt, state& st, std::int64_t layer, const gdn_shape& g, const gdn_params& w, tensor m,
                   tensor y) {
+        cuda_detail::device_guard on(opt_.device);
         const std::int64_t C = g.channels;
         const int K = int(g.conv);
         const cudaStream_t s = stream();
@@ -246,6 +255,7 @@ public:
     }
     void gdn_mix(context&, const batch& bt, state& st, std::int64_t layer, const gdn_shape& g, const gdn_params& w, tensor y,
                  tensor beta, tensor alpha, tensor o) {
+        cuda_detail::device_guard on(opt_.device);
         const std::int64_t C = g.channels, Hv = g.v_heads, inner = Hv * g.dv;
         const cudaStream_t s = stream();
         const cuda_detail::gdn_layout L = layout_of(g);
@@ -278,9 +288,11 @@ public:
         }
     }
     void gated_norm(context&, const gdn_shape& g, const weight& norm, tensor o, tensor z) {
+        cuda_detail::device_guard on(opt_.device);
         cuda_detail::gated_norm(o.data, z.data, f32(norm), o.rows * g.v_heads, g.dv, g.rms_eps, stream());
     }
     void moe_route(context& cx, const batch& bt, const moe_shape& ms, const weight& router, tensor x, route r) {
+        cuda_detail::device_guard on(opt_.device);
         const std::int64_t X = ms.n_expert, k = ms.n_expert_used;
         const cudaStream_t s = stream();
         tensor probs = cx.get(buf::router, x.rows, X);
@@ -302,6 +314,7 @@ public:
     }
     void moe_ffn(context& cx, const batch& bt, const moe_shape& ms, const moe_params& mp, tensor x, route r, tensor out);
     void lm_head(context& cx, const batch& bt, const weight& output, tensor x, tensor logits) {
+        cuda_detail::device_guard on(opt_.device);
         auto& d = cx.scratch();
         d.host_ids = bt.logits_rows();
         if (d.host_ids.empty()) return;
@@ -309,6 +322,7 @@ public:
         product(cx, output, x.data, x.rows, logits.data, rows, std::int64_t(d.host_ids.size()));
     }
     void read_logits(context& cx, tensor logits, float* host) {
+        cuda_detail::device_guard on(opt_.device);
         const std::size_t bytes = std::size_t(logits.rows * logits.cols) * sizeof(float);
         if (bytes == 0) return;
         auto& pin = cx.scratch().pin_out;
@@ -322,7 +336,7 @@ public:
     // y[n, w.rows] = x[n, w.cols] · wᵀ; x and y are host pointers.
     void matmul(const weight& w, const float* x, float* y, std::int64_t n) {
         if (n <= 0) return;
-        use_device();
+        cuda_detail::device_guard on(opt_.device);
         if (on_host(w)) {
             cpu_.matmul(w, x, y, n);
             return;
@@ -343,7 +357,7 @@ public:
     // address of its first byte (stable for the model's life) and its shape: a row slice of a
     // merged tensor is its own entry.
     const cuda_detail::device_matrix& dev(const weight& w) {
-        use_device();
+        cuda_detail::device_guard on(opt_.device);
         std::lock_guard lk(upload_mu_);
         const key k{w.data, w.rows * w.n_mat};
         auto it = cache_.find(k);
@@ -353,7 +367,7 @@ public:
         entry e;
         const std::size_t bytes = std::size_t(w.rows * w.n_mat) * w.row_bytes;
         e.buf.reserve(std::max<std::size_t>(bytes, 1));
-        constexpr std::size_t chunk = std::size_t(64) << 20;  // bounded pinned staging, reused
+        const std::size_t chunk = opt_.staging_bytes;  // bounded pinned staging, reused
         staging_.reserve(std::min(bytes, chunk));
         for (std::size_t off = 0; off < bytes; off += chunk) {
             const std::size_t len = std::min(chunk, bytes - off);
@@ -393,13 +407,6 @@ private:
         cuda_detail::device_matrix m;
     };
 
-    // Kernels launch on the calling thread's current device: a server thread that never called
-    // cudaSetDevice would use device 0.
-    void use_device() const {
-        int cur = -1;
-        CLOVER_CUDA_CHECK(cudaGetDevice(&cur));
-        if (cur != opt_.device) CLOVER_CUDA_CHECK(cudaSetDevice(opt_.device));
-    }
     void release(std::unique_ptr<context::data> d) {
         // The stream may still be using the pass's buffers (a pass that ended early, by an
         // error, before read_logits): they are reused only after it is done with them.
@@ -445,7 +452,7 @@ private:
         a.N = w.rows;
         a.K = w.cols;
         a.n = n_out < 0 ? n : n_out;
-        cuda_detail::launch_mm(w.type, a, cuda_detail::blocks_for(a.n, cuda_detail::mm_rows), stream());
+        cuda_detail::launch_mm(w.type, a, (a.n + cuda_detail::mm_rows - 1) / cuda_detail::mm_rows, stream());
     }
     // The rows' descriptors and their sequences' page lists, once per pass (the first attention
     // layer): the pool's pages do not change during a pass.

@@ -1,8 +1,8 @@
 #pragma once
 // backend::cuda's MoE feed-forward primitive (out of cuda.hpp to keep files small): the routed
-// experts grouped by expert on the device (moe.cuh), then the shared expert and its sigmoid gate
-// — the CPU's order of additions (backend/cpu/moe.hpp): routed experts in ascending id, then
-// the shared expert. Layers below options.n_cpu_moe run the whole primitive on the host.
+// experts grouped by expert and the shared expert with its sigmoid gate, on the device
+// (moe.cuh, in the CPU's order of additions). Layers below options.n_cpu_moe run the whole
+// primitive on the host.
 #if !defined(__CUDACC__)
 #error "clover/backend/cuda/cuda_ffn.hpp is part of backend/cuda/cuda.hpp (nvcc only)"
 #endif
@@ -13,6 +13,7 @@ namespace clover::backend {
 
 inline void cuda::moe_ffn(context& cx, const batch& bt, const moe_shape& ms, const moe_params& mp, tensor x, route r,
                           tensor out) {
+    cuda_detail::device_guard on(opt_.device);
     const std::int64_t n = x.rows, E = x.cols, k = ms.n_expert_used;
     auto& d = cx.scratch();
     const cudaStream_t s = stream();
@@ -35,20 +36,11 @@ inline void cuda::moe_ffn(context& cx, const batch& bt, const moe_shape& ms, con
         stream_->sync();  // d.hy is pageable and reused by the next such layer
         return;
     }
-    if (k > 64) fail("backend::cuda: ", k, " experts per token exceed the device combine's limit of 64");
     const cuda_detail::device_matrix& gate = dev(merged ? *mp.gate_up_exps : *mp.gate_exps);
     const cuda_detail::device_matrix* up = merged ? nullptr : &dev(*mp.up_exps);
-    cuda_detail::moe_experts(gate, up, dev(*mp.down_exps), x.data, r.ids, r.w, out.data, n, int(k), d.moe, s);
-    if (!(mp.gate_shexp && *mp.gate_shexp)) return;
-    const std::int64_t Fs = ms.n_ff_shared;
-    float* gu = d.shared.get<float>(std::size_t(n * (3 * Fs + E)));  // [n, Fs | Fs] gate|up, [n, Fs] h, [n, E] y
-    float* h = gu + n * 2 * Fs;
-    float* ys = h + n * Fs;
-    product(cx, *mp.gate_shexp, x.data, n, gu, nullptr, -1, 2 * Fs);
-    product(cx, *mp.up_shexp, x.data, n, gu + Fs, nullptr, -1, 2 * Fs);
-    cuda_detail::swiglu(gu, h, n, Fs, s);
-    product(cx, *mp.down_shexp, h, n, ys);
-    cuda_detail::shared_gate_add(out.data, x.data, f32(*mp.shexp_gate), ys, n, E, s);
+    cuda_detail::moe_shared sh;
+    if (mp.gate_shexp && *mp.gate_shexp) sh = {&dev(*mp.gate_shexp), &dev(*mp.up_shexp), &dev(*mp.down_shexp), &dev(*mp.shexp_gate)};
+    cuda_detail::moe_experts(gate, up, dev(*mp.down_exps), x.data, r.ids, r.w, out.data, n, int(k), d.moe, s, &sh);
 }
 
 }  // namespace clover::backend

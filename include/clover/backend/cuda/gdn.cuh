@@ -10,6 +10,7 @@
 //   gdn_chunked      the chunked WY/UT form for prefill, one block per V head
 //   block_softmax    the preview pass's block softmax with a history slot
 // State S is [Hv][dk][dv] fp32 (row = key index), as in the session.
+#include <climits>
 #include <cstdint>
 
 #include <cub/block/block_reduce.cuh>
@@ -53,13 +54,13 @@ static __global__ void advance_ring_kernel(const float* ring, const float* m, fl
 inline void conv_silu(const float* ring, const float* m, const float* wc, const float* right, float* y, std::int64_t n,
                       std::int64_t C, int K, cudaStream_t s) {
     if (n * C <= 0) return;
-    conv_silu_kernel<<<blocks_for(n * C, 256), 256, 0, s>>>(ring, m, wc, right, y, n, C, K);
+    conv_silu_kernel<<<blocks_for("conv_silu_kernel", n * C, 256), 256, 0, s>>>(ring, m, wc, right, y, n, C, K);
     check_launch("conv_silu");
 }
 inline void advance_ring(const float* ring, const float* m, float* out, std::int64_t n, std::int64_t C, int K,
                          cudaStream_t s) {
     if (K <= 1) return;
-    advance_ring_kernel<<<blocks_for((K - 1) * C, 256), 256, 0, s>>>(ring, m, out, n, C, K);
+    advance_ring_kernel<<<blocks_for("advance_ring_kernel", (K - 1) * C, 256), 256, 0, s>>>(ring, m, out, n, C, K);
     check_launch("advance_ring");
 }
 
@@ -86,7 +87,7 @@ static __global__ void __launch_bounds__(128) l2norm_qk_kernel(float* y, gdn_lay
 
 inline void l2norm_qk(float* y, std::int64_t n, const gdn_layout& L, float eps, float q_scale, cudaStream_t s) {
     if (n <= 0) return;
-    l2norm_qk_kernel<<<unsigned(n * 2 * L.Hk), 128, 0, s>>>(y, L, eps, q_scale);
+    l2norm_qk_kernel<<<grid_x("l2norm_qk_kernel", n * 2 * L.Hk), 128, 0, s>>>(y, L, eps, q_scale);
     check_launch("l2norm_qk");
 }
 
@@ -109,6 +110,9 @@ struct gdn_scan_args {
 // per-element operation order is the CPU's (gdn_recurrent), so results agree to fp32 rounding.
 // S stays in global memory (L2-resident between the two passes of a token); holding the column
 // in registers across tokens is the obvious next optimisation for long verify blocks.
+// ptxas -warn-spills reports a small spill here (~44 bytes): registers saved around the IEEE
+// double division ss / dv of the fused norm, a called subroutine on the GPU. It is kept because
+// it is the CPU's formula bit for bit (math::rms_norm), run once per token by one thread.
 template <int MaxThreads = 256>
 static __global__ void __launch_bounds__(MaxThreads) gdn_scan_kernel(gdn_scan_args a, gdn_layout L) {
     extern __shared__ float sh[];  // q[dk], k[dk]
@@ -169,7 +173,7 @@ inline void gdn_scan(const gdn_scan_args& a, const gdn_layout& L, cudaStream_t s
     if (a.n <= 0) return;
     constexpr int T = 256;
     if (a.norm_w && L.dv > T) fail("gdn_scan: the fused norm needs dv <= ", T, " (dv is ", L.dv, ")");
-    gdn_scan_kernel<T><<<unsigned(L.Hv), T, std::size_t(2 * L.dk) * 4, s>>>(a, L);
+    gdn_scan_kernel<T><<<grid_x("gdn_scan_kernel", L.Hv), T, std::size_t(2 * L.dk) * 4, s>>>(a, L);
     check_launch("gdn_scan");
 }
 
@@ -192,7 +196,7 @@ static __global__ void __launch_bounds__(128) gated_norm_kernel(float* o, const 
 inline void gated_norm(float* o, const float* z, const float* w, std::int64_t rows_heads, std::int64_t dv, float eps,
                        cudaStream_t s) {
     if (rows_heads <= 0) return;
-    gated_norm_kernel<<<unsigned(rows_heads), 128, 0, s>>>(o, z, w, dv, eps);
+    gated_norm_kernel<<<grid_x("gated_norm_kernel", rows_heads), 128, 0, s>>>(o, z, w, dv, eps);
     check_launch("gated_norm");
 }
 
@@ -209,6 +213,9 @@ static __global__ void __launch_bounds__(Threads) gdn_chunked_kernel(float* S_al
     extern __shared__ float sh[];
     const std::int64_t h = blockIdx.x, kh = L.qk_of(h), dk = L.dk, dv = L.dv, inner = L.Hv * dv, C = L.C;
     float* S = S_all + h * dk * dv;
+    // 32-bit element indices (dk·dv and chunk·dk checked on the host): a 64-bit division is a
+    // called subroutine on the GPU, whose saved registers ptxas reports as spills.
+    const int dki = int(dk), dvi = int(dv);
     const int Lc = chunk;
     float* q = sh;                       // [Lc, dk]
     float* k = q + Lc * dk;              // [Lc, dk]
@@ -221,8 +228,8 @@ static __global__ void __launch_bounds__(Threads) gdn_chunked_kernel(float* S_al
     float* dec = bt + Lc;                // [Lc] e^{γ_L − γ_s}
     for (std::int64_t c0 = 0; c0 < n; c0 += chunk) {
         const int Ln = int(n - c0 < chunk ? n - c0 : chunk);
-        for (std::int64_t id = threadIdx.x; id < Ln * dk; id += Threads) {
-            const std::int64_t t = id / dk, i = id % dk;
+        for (int id = threadIdx.x; id < Ln * dki; id += Threads) {
+            const int t = id / dki, i = id % dki;
             const float* yr = y + (c0 + t) * C;
             q[id] = yr[kh * dk + i];
             k[id] = yr[L.Hk * dk + kh * dk + i];
@@ -267,16 +274,16 @@ static __global__ void __launch_bounds__(Threads) gdn_chunked_kernel(float* S_al
         }
         __syncthreads();
         // Δ = U − W S0
-        for (std::int64_t id = threadIdx.x; id < Ln * dv; id += Threads) {
-            const std::int64_t t = id / dv, j = id % dv;
+        for (int id = threadIdx.x; id < Ln * dvi; id += Threads) {
+            const int t = id / dvi, j = id % dvi;
             float u = U[id];
             for (std::int64_t i = 0; i < dk; ++i) u -= W[t * dk + i] * S[i * dv + j];
             U[id] = u;
         }
         __syncthreads();
         // O_t = e^{γ_t} q_t S0 + Σ_{s≤t} QK_ts Δ_s  (reads S0: before the update)
-        for (std::int64_t id = threadIdx.x; id < Ln * dv; id += Threads) {
-            const std::int64_t t = id / dv, j = id % dv;
+        for (int id = threadIdx.x; id < Ln * dvi; id += Threads) {
+            const int t = id / dvi, j = id % dvi;
             const float eg = expf(gm[t]);
             float o = 0.f;
             for (std::int64_t i = 0; i < dk; ++i) o += (q[t * dk + i] * eg) * S[i * dv + j];
@@ -285,8 +292,8 @@ static __global__ void __launch_bounds__(Threads) gdn_chunked_kernel(float* S_al
         }
         __syncthreads();
         const float eL = expf(gm[Ln - 1]);
-        for (std::int64_t id = threadIdx.x; id < dk * dv; id += Threads) {
-            const std::int64_t i = id / dv, j = id % dv;
+        for (int id = threadIdx.x; id < dki * dvi; id += Threads) {
+            const int i = id / dvi, j = id % dvi;
             float s = S[id] * eL;
             for (int s2 = 0; s2 < Ln; ++s2) s += (k[s2 * dk + i] * dec[s2]) * U[s2 * dv + j];
             S[id] = s;
@@ -303,9 +310,17 @@ inline std::size_t gdn_chunked_smem(const gdn_layout& L, int chunk) {
 inline void gdn_chunked(float* S, const float* y, const float* beta, const float* g, float* o, const gdn_layout& L,
                         std::int64_t n, cudaStream_t s, int chunk = 32) {
     if (n <= 0) return;
+    if (L.dk * L.dv > INT_MAX || std::int64_t(chunk) * (L.dk + L.dv) > INT_MAX)
+        fail("cuda gdn_chunked: head dims ", L.dk, " x ", L.dv, " exceed the kernel's int indices");
     const std::size_t smem = gdn_chunked_smem(L, chunk);
+    int dev = 0, max_smem = 0;
+    CLOVER_CUDA_CHECK(cudaGetDevice(&dev));
+    CLOVER_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (smem > std::size_t(max_smem))
+        fail("cuda: kernel gdn_chunked_kernel needs ", smem, " bytes of shared memory (dk ", L.dk, ", dv ", L.dv, ", chunk ",
+             chunk, "); the device allows ", max_smem);
     CLOVER_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunked_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    gdn_chunked_kernel<256><<<unsigned(L.Hv), 256, smem, s>>>(S, y, beta, g, o, L, n, chunk);
+    gdn_chunked_kernel<256><<<grid_x("gdn_chunked_kernel", L.Hv), 256, smem, s>>>(S, y, beta, g, o, L, n, chunk);
     check_launch("gdn_chunked");
 }
 
@@ -357,7 +372,7 @@ inline void block_softmax(const float* S, const float* y, float* o, const gdn_la
                           const float* lambda, const float* hist_b, const float* hist_c, cudaStream_t s) {
     if (B <= 0) return;
     const std::size_t smem = std::size_t(L.dk + B + 1) * 4;
-    block_softmax_kernel<<<unsigned(B * L.Hv), 128, smem, s>>>(S, y, o, L, B, lambda, hist_b, hist_c);
+    block_softmax_kernel<<<grid_x("block_softmax_kernel", B * L.Hv), 128, smem, s>>>(S, y, o, L, B, lambda, hist_b, hist_c);
     check_launch("block_softmax");
 }
 

@@ -13,6 +13,8 @@
 // One kernel serves dense products and the expert-grouped products of MoE (moe.cuh): work comes
 // in tiles of up to R rows that share one weight matrix; the weight item is decoded once into
 // registers and used for all R rows (R-fold fewer weight reads, which dominate a GEMV).
+#include <algorithm>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 
@@ -98,13 +100,13 @@ inline void quantize_activations(dtype at, const float* x, void* y, std::int64_t
         case dtype::f32: return;
         case dtype::f16:
         case dtype::bf16:
-            act_to_half<<<blocks_for(total, 256), 256, 0, s>>>(x, static_cast<std::uint16_t*>(y), total, at == dtype::bf16);
+            act_to_half<<<blocks_for("act_to_half", total, 256), 256, 0, s>>>(x, static_cast<std::uint16_t*>(y), total, at == dtype::bf16);
             break;
         case dtype::q8_0:
-            act_to_q8_0<<<blocks_for(total / 32, 8), 256, 0, s>>>(x, static_cast<std::uint8_t*>(y), total / 32);
+            act_to_q8_0<<<blocks_for("act_to_q8_0", total / 32, 8), 256, 0, s>>>(x, static_cast<std::uint8_t*>(y), total / 32);
             break;
         case dtype::q8_k:
-            act_to_q8_k<<<blocks_for(total / 256, 8), 256, 0, s>>>(x, static_cast<std::uint8_t*>(y), total / 256);
+            act_to_q8_k<<<blocks_for("act_to_q8_k", total / 256, 8), 256, 0, s>>>(x, static_cast<std::uint8_t*>(y), total / 256);
             break;
         default: fail("cuda: no activation conversion to ", dtype_name(at));
     }
@@ -224,6 +226,7 @@ struct mm_args {
     std::int64_t n;            // output rows (dense tiling when tiles == null)
     const mm_tile* tiles;      // grouped: the tile list and its length on the device
     const int* n_tiles;
+    std::int64_t tile0;        // the tile of blockIdx.y == 0 (set by launch_mm: grid.y <= 65,535)
 };
 
 template <dtype T>
@@ -231,13 +234,14 @@ static __global__ void __launch_bounds__(mm_warps * 32) mm_kernel(mm_args a) {
     const int lane = threadIdx.x % 32;
     const std::int64_t o = std::int64_t(blockIdx.x) * mm_warps + threadIdx.x / 32;
     if (o >= a.N) return;
+    const std::int64_t tile = a.tile0 + blockIdx.y;
     mm_tile tl;
     if (a.tiles) {
-        if (int(blockIdx.y) >= *a.n_tiles) return;
-        tl = a.tiles[blockIdx.y];
+        if (tile >= *a.n_tiles) return;
+        tl = a.tiles[tile];
     } else {
         tl.mat = 0;
-        tl.p0 = int(blockIdx.y) * mm_rows;
+        tl.p0 = int(tile * mm_rows);  // n <= INT_MAX, checked by launch_mm
         tl.p1 = min(int(a.n), tl.p0 + mm_rows);
     }
     const int nr = tl.p1 - tl.p0;
@@ -256,10 +260,8 @@ static __global__ void __launch_bounds__(mm_warps * 32) mm_kernel(mm_args a) {
     }
 }
 
-// grid.y: the number of tiles (dense) or an upper bound on it (grouped; extra blocks exit).
-inline void launch_mm(dtype t, const mm_args& a, unsigned grid_y, cudaStream_t s) {
-    if (grid_y == 0 || a.N == 0) return;
-    const dim3 grid(blocks_for(a.N, mm_warps), grid_y);
+// One launch of the product over grid.y tiles from a.tile0.
+inline void launch_mm_tiles(dtype t, const mm_args& a, dim3 grid, cudaStream_t s) {
     const unsigned threads = mm_warps * 32;
     switch (t) {
         case dtype::f32: mm_kernel<dtype::f32><<<grid, threads, 0, s>>>(a); break;
@@ -272,6 +274,20 @@ inline void launch_mm(dtype t, const mm_args& a, unsigned grid_y, cudaStream_t s
         default: fail("cuda: no matmul kernel for weight type ", dtype_name(t));
     }
     check_launch("mm_kernel");
+}
+
+// n_tiles: the number of tiles (dense) or an upper bound on it (grouped; extra blocks exit).
+// grid.y is limited to 65,535, so the tiles go in launches of at most that many, each told its
+// first tile (mm_args::tile0); a tile's result does not depend on which launch covers it.
+inline void launch_mm(dtype t, mm_args a, std::int64_t n_tiles, cudaStream_t s) {
+    if (n_tiles <= 0 || a.N == 0) return;
+    if (a.n > std::int64_t(INT_MAX) || n_tiles > std::int64_t(INT_MAX))
+        fail("cuda: kernel mm_kernel: ", a.n, " rows in ", n_tiles, " tiles exceed the int row index (", INT_MAX, ")");
+    const unsigned gx = blocks_for("mm_kernel", a.N, mm_warps);
+    for (std::int64_t t0 = 0; t0 < n_tiles; t0 += max_grid_yz) {
+        a.tile0 = t0;
+        launch_mm_tiles(t, a, dim3(gx, grid_yz("mm_kernel", std::min(max_grid_yz, n_tiles - t0))), s);
+    }
 }
 
 // A weight resident on the device (one matrix or a stack of expert matrices).
@@ -288,8 +304,10 @@ inline std::size_t act_bytes(dtype wt, std::int64_t n, std::int64_t K) {
     return quant::row_bytes(quant::activation_type(wt), K) * std::size_t(n);
 }
 
-// y[n, N] = x[n, K] · wᵀ on the device (all pointers device pointers; act: act_bytes() scratch).
-inline void matmul(const device_matrix& w, const float* x, float* y, std::int64_t n, void* act, cudaStream_t s) {
+// y[n, N] = x[n, K] · wᵀ on the device (all pointers device pointers; act: act_bytes() scratch);
+// row p of y starts at y + p·ldy (ldy 0: N, packed).
+inline void matmul(const device_matrix& w, const float* x, float* y, std::int64_t n, void* act, cudaStream_t s,
+                   std::int64_t ldy = 0) {
     const dtype at = quant::activation_type(w.type);
     quantize_activations(at, x, act, n, w.cols, s);
     mm_args a{};
@@ -299,11 +317,11 @@ inline void matmul(const device_matrix& w, const float* x, float* y, std::int64_
     a.x = at == dtype::f32 ? reinterpret_cast<const std::uint8_t*>(x) : static_cast<const std::uint8_t*>(act);
     a.x_row_bytes = quant::row_bytes(at, w.cols);
     a.y = y;
-    a.ldy = w.rows;
+    a.ldy = ldy > 0 ? ldy : w.rows;
     a.N = w.rows;
     a.K = w.cols;
     a.n = n;
-    launch_mm(w.type, a, blocks_for(n, mm_rows), s);
+    launch_mm(w.type, a, (n + mm_rows - 1) / mm_rows, s);
 }
 
 }  // namespace clover::backend::cuda_detail

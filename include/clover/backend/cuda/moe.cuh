@@ -16,6 +16,8 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "clover/backend/cuda/matmul.cuh"
@@ -26,14 +28,17 @@ namespace clover::backend::cuda_detail {
 
 inline constexpr int route_threads = 128, route_items = 4;  // up to 512 experts per row
 inline constexpr int max_experts = route_threads * route_items;
+// Experts per row (k): the size of route_topk's shared top-k arrays; checked on the host by
+// every entry that takes k.
+inline constexpr int max_experts_used = 64;
 
 // probs [n, X] -> ids/w [n, k]. allowed: X bytes (1 = may be chosen) or null for all.
 static __global__ void __launch_bounds__(route_threads) route_topk_kernel(const float* probs, std::int64_t X, int k,
                                                                    const std::uint8_t* allowed, int* ids, float* w) {
     using sorter = cub::BlockRadixSort<float, route_threads, route_items, int>;
     __shared__ typename sorter::TempStorage tmp;
-    __shared__ int top_id[64];
-    __shared__ float top_p[64];
+    __shared__ int top_id[max_experts_used];
+    __shared__ float top_p[max_experts_used];
     const float* p = probs + std::int64_t(blockIdx.x) * X;
     float key[route_items];
     int val[route_items];
@@ -69,9 +74,10 @@ static __global__ void __launch_bounds__(route_threads) route_topk_kernel(const 
 inline void route_topk(const float* probs, std::int64_t n, std::int64_t X, int k, const std::uint8_t* allowed, int* ids,
                        float* w, cudaStream_t s) {
     if (X > max_experts) fail("cuda routing: ", X, " experts exceed ", max_experts);
-    if (k > 64 || k > X) fail("cuda routing: k = ", k, " is out of range");
+    if (k < 1 || k > max_experts_used || k > X)
+        fail("cuda routing: k = ", k, " experts per row is out of range (1..", max_experts_used, ", and at most ", X, ")");
     if (n <= 0) return;
-    route_topk_kernel<<<unsigned(n), route_threads, 0, s>>>(probs, X, k, allowed, ids, w);
+    route_topk_kernel<<<grid_x("route_topk_kernel", n), route_threads, 0, s>>>(probs, X, k, allowed, ids, w);
     check_launch("route_topk");
 }
 
@@ -110,7 +116,7 @@ inline void coreset(const float* probs, std::int64_t n, std::int64_t X, std::int
 // Device scratch of the grouping step and the expert products, sized for n rows.
 struct moe_scratch {
     device_buffer keys, keys_sorted, slots, slots_sorted, counts, offsets, tile_counts, tile_offsets, tiles, xmap, inv,
-        cub_tmp, act, gu, hbuf, ys;
+        cub_tmp, act, gu, hbuf, ys, sh_act, sh_gu, sh_h, sh_y, sh_gate;
 };
 
 static __global__ void iota_kernel(int* v, std::int64_t n) {
@@ -140,35 +146,61 @@ static __global__ void maps_kernel(const int* slots_sorted, std::int64_t nk, int
     xmap[p] = slots_sorted[p] / k;  // the token row of sorted position p
     inv[slots_sorted[p]] = int(p);
 }
-// out[t] = Σ_j w[t,j] · ys[pos(t,j)] over the row's k slots in increasing expert id.
+// out[t] = Σ_j w[t,j] · ys[pos(t,j)] over the row's k slots in increasing expert id (slots of
+// equal id in slot order; weight-0 coreset padding skipped), as the CPU loop adds them; then,
+// with a shared expert, + sigmoid(sgate[t]) · ysh[t] (sgate: the row's x·g, ysh: [n, E]).
+// The slots are visited by repeated selection of the next (id, slot) pair, k² reads of k ids
+// (k <= max_experts_used), instead of sorting into a local array that would live in local memory.
 static __global__ void combine_kernel(const int* ids, const float* w, const int* inv, const float* ys, float* out,
-                               std::int64_t n, int k, std::int64_t E) {
+                                      std::int64_t n, int k, std::int64_t E, const float* sgate, const float* ysh) {
     const std::int64_t id = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (id >= n * E) return;
     const std::int64_t t = id / E, i = id % E;
-    int order[64];
-    for (int j = 0; j < k; ++j) order[j] = j;
-    for (int a = 1; a < k; ++a)  // k <= 64 and tiny: insertion sort by expert id
-        for (int b = a; b > 0 && ids[t * k + order[b]] < ids[t * k + order[b - 1]]; --b) {
-            const int x = order[b];
-            order[b] = order[b - 1];
-            order[b - 1] = x;
-        }
+    const int* rid = ids + t * k;
     float acc = 0.f;
-    for (int j = 0; j < k; ++j) {
-        const int slot = int(t) * k + order[j];
-        acc += w[slot] * ys[std::int64_t(inv[slot]) * E + i];
+    int prev_id = -1, prev_j = -1;
+    for (int step = 0; step < k; ++step) {
+        int best_id = INT_MAX, best_j = -1;
+        for (int j = 0; j < k; ++j) {
+            const int e = rid[j];
+            const bool after_prev = e > prev_id || (e == prev_id && j > prev_j);
+            if (after_prev && (e < best_id || (e == best_id && j < best_j))) {
+                best_id = e;
+                best_j = j;
+            }
+        }
+        prev_id = best_id;
+        prev_j = best_j;
+        const std::int64_t slot = t * k + best_j;
+        const float wt = w[slot];
+        if (wt == 0.f) continue;
+        acc += wt * ys[std::int64_t(inv[slot]) * E + i];
     }
+    if (sgate) acc += sigmoid(sgate[t]) * ysh[id];
     out[id] = acc;
 }
 
-// The routed experts of one layer on the device. gate_up: [2F, E] per expert (merged), or gate
-// and up separately (up non-null); down: [E, F] per expert. x [n, E], ids/w [n, k] -> out [n, E].
+// The shared expert of a MoE layer on the device: gate [Fs, E] and up [Fs, E], down [E, Fs], and
+// its input gate g [E] (F32, one row), all device copies (backend::cuda::upload).
+struct moe_shared {
+    const device_matrix* gate = nullptr;
+    const device_matrix* up = nullptr;
+    const device_matrix* down = nullptr;
+    const device_matrix* input_gate = nullptr;
+};
+
+// The experts of one layer on the device. gate_up: [2F, E] per expert (merged), or gate and up
+// separately (up non-null); down: [E, F] per expert; shared: the shared expert, or null (or
+// empty) for none. x [n, E], ids/w [n, k] -> out [n, E].
 inline void moe_experts(const device_matrix& gate, const device_matrix* up, const device_matrix& down, const float* x,
                         const int* ids, const float* w, float* out, std::int64_t n, int k, moe_scratch& sc,
-                        cudaStream_t s) {
+                        cudaStream_t s, const moe_shared* shared = nullptr) {
     const std::int64_t X = gate.n_mat, E = gate.cols, F = up ? gate.rows : gate.rows / 2, nk = n * k;
-    if (nk <= 0) return;
+    if (n <= 0) return;
+    if (k < 1 || k > max_experts_used)
+        fail("cuda moe_experts: k = ", k, " experts per row is out of range (1..", max_experts_used, ")");
+    if (nk > std::int64_t(INT_MAX)) fail("cuda moe_experts: ", n, " rows x ", k, " experts exceed the int slot index");
+    const bool has_shared = shared && shared->gate && shared->up && shared->down && shared->input_gate;
     int* keys = sc.keys.get<int>(std::size_t(nk));
     int* keys_sorted = sc.keys_sorted.get<int>(std::size_t(nk));
     int* slots = sc.slots.get<int>(std::size_t(nk));
@@ -183,7 +215,7 @@ inline void moe_experts(const device_matrix& gate, const device_matrix* up, cons
     int* inv = sc.inv.get<int>(std::size_t(nk));
 
     CLOVER_CUDA_CHECK(cudaMemcpyAsync(keys, ids, std::size_t(nk) * 4, cudaMemcpyDeviceToDevice, s));
-    iota_kernel<<<blocks_for(nk, 256), 256, 0, s>>>(slots, nk);
+    iota_kernel<<<blocks_for("iota_kernel", nk, 256), 256, 0, s>>>(slots, nk);
     int end_bit = 1;
     while ((std::int64_t(1) << end_bit) < X) ++end_bit;
     std::size_t sort_bytes = 0, scan_bytes = 0;
@@ -193,12 +225,12 @@ inline void moe_experts(const device_matrix& gate, const device_matrix* up, cons
     // Stable radix sort: within an expert, slots stay in row order (the CPU's rows_of[e] order).
     CLOVER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, sort_bytes, keys, keys_sorted, slots, slots_sorted, int(nk), 0, end_bit, s));
     CLOVER_CUDA_CHECK(cudaMemsetAsync(counts, 0, std::size_t(X + 1) * 4, s));
-    count_kernel<<<blocks_for(nk, 256), 256, 0, s>>>(ids, nk, counts);
+    count_kernel<<<blocks_for("count_kernel", nk, 256), 256, 0, s>>>(ids, nk, counts);
     CLOVER_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(tmp, scan_bytes, counts, offsets, int(X + 1), s));
-    tile_count_kernel<<<blocks_for(X + 1, 256), 256, 0, s>>>(counts, X, tcount);
+    tile_count_kernel<<<blocks_for("tile_count_kernel", X + 1, 256), 256, 0, s>>>(counts, X, tcount);
     CLOVER_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(tmp, scan_bytes, tcount, toff, int(X + 1), s));
-    tiles_kernel<<<blocks_for(X, 128), 128, 0, s>>>(offsets, toff, X, tiles);
-    maps_kernel<<<blocks_for(nk, 256), 256, 0, s>>>(slots_sorted, nk, k, xmap, inv);
+    tiles_kernel<<<blocks_for("tiles_kernel", X, 128), 128, 0, s>>>(offsets, toff, X, tiles);
+    maps_kernel<<<blocks_for("maps_kernel", nk, 256), 256, 0, s>>>(slots_sorted, nk, k, xmap, inv);
     check_launch("moe grouping");
 
     // gate/up: activations are the n token rows, converted once; rows come through xmap.
@@ -220,14 +252,14 @@ inline void moe_experts(const device_matrix& gate, const device_matrix* up, cons
     a.mat_bytes = gate.mat_bytes();
     a.y = gu;
     a.N = up ? F : 2 * F;
-    launch_mm(gate.type, a, unsigned(max_tiles), s);
+    launch_mm(gate.type, a, max_tiles, s);
     if (up) {
         a.w = up->data;
         a.row_bytes = up->row_bytes;
         a.mat_bytes = up->mat_bytes();
         a.y = gu + F;
         a.N = F;
-        launch_mm(up->type, a, unsigned(max_tiles), s);
+        launch_mm(up->type, a, max_tiles, s);
     }
     float* hb = sc.hbuf.get<float>(std::size_t(nk * F));
     swiglu(gu, hb, nk, F, s);
@@ -248,8 +280,30 @@ inline void moe_experts(const device_matrix& gate, const device_matrix* up, cons
     d.n = nk;
     d.tiles = tiles;
     d.n_tiles = toff + X;
-    launch_mm(down.type, d, unsigned(max_tiles), s);
-    combine_kernel<<<blocks_for(n * E, 256), 256, 0, s>>>(ids, w, inv, ys, out, n, k, E);
+    launch_mm(down.type, d, max_tiles, s);
+
+    // The shared expert over all n rows, as dense products: [gate | up] rows of width 2·Fs, SwiGLU,
+    // down; and the per-row input gate x·g as a one-row F32 product (sigmoid in the combine).
+    float* ysh = nullptr;
+    float* sgate = nullptr;
+    if (has_shared) {
+        const device_matrix &sg = *shared->gate, &su = *shared->up, &sd = *shared->down, &gi = *shared->input_gate;
+        const std::int64_t Fs = sg.rows;
+        if (sg.cols != E || su.cols != E || su.rows != Fs || sd.rows != E || sd.cols != Fs || gi.cols != E || gi.rows != 1)
+            fail("cuda moe_experts: the shared expert's shapes do not match the layer (E = ", E, ", Fs = ", Fs, ")");
+        float* sgu = sc.sh_gu.get<float>(std::size_t(n * 2 * Fs));
+        void* sact = sc.sh_act.get<std::uint8_t>(std::max({act_bytes(sg.type, n, E), act_bytes(su.type, n, E),
+                                                       act_bytes(sd.type, n, Fs), act_bytes(gi.type, n, E)}));
+        matmul(sg, x, sgu, n, sact, s, 2 * Fs);
+        matmul(su, x, sgu + Fs, n, sact, s, 2 * Fs);
+        float* sh = sc.sh_h.get<float>(std::size_t(n * Fs));
+        swiglu(sgu, sh, n, Fs, s);
+        ysh = sc.sh_y.get<float>(std::size_t(n * E));
+        matmul(sd, sh, ysh, n, sact, s);
+        sgate = sc.sh_gate.get<float>(std::size_t(n));
+        matmul(gi, x, sgate, n, sact, s);
+    }
+    combine_kernel<<<blocks_for("combine_kernel", n * E, 256), 256, 0, s>>>(ids, w, inv, ys, out, n, k, E, sgate, ysh);
     check_launch("moe combine");
 }
 

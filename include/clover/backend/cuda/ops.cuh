@@ -35,7 +35,7 @@ static __global__ void __launch_bounds__(row_threads) rms_norm_rows(const float*
 inline void rms_norm(const float* x, std::int64_t xs, const float* w, float* y, std::int64_t ys, std::int64_t rows,
                      std::int64_t n, float eps, cudaStream_t s) {
     if (rows <= 0) return;
-    rms_norm_rows<<<unsigned(rows), row_threads, 0, s>>>(x, xs, w, y, ys, n, eps);
+    rms_norm_rows<<<grid_x("rms_norm_rows", rows), row_threads, 0, s>>>(x, xs, w, y, ys, n, eps);
     check_launch("rms_norm_rows");
 }
 
@@ -50,6 +50,9 @@ struct rope_args {
 // Rotates the first n_rot dims of each head in place. Head r (of `heads` per token) of token
 // t = r / heads sits at x + t * ts + (r % heads) * hs and has position pos0 + t. One thread per
 // (head, pair); the angle is built by i repeated float multiplications, as rope_cache does.
+// ptxas -warn-lmem-usage reports a 32-byte stack frame: the Payne-Hanek slow path of sinf/cosf
+// for large angles (|θ| grows with the position) keeps its reduction table in local memory.
+// Inherent to full-precision sinf/cosf, which the CPU twin's bits need (__sinf would not match).
 static __global__ void rope_heads(float* x, std::int64_t ts, std::int64_t hs, std::int64_t heads, std::int64_t n_heads_total,
                            std::int64_t pos0, rope_args r) {
     const int half = r.n_rot / 2;
@@ -78,7 +81,7 @@ inline void rope(float* x, std::int64_t ts, std::int64_t hs, std::int64_t heads,
                  std::int64_t pos0, const rope_args& r, cudaStream_t s) {
     const std::int64_t total = n_tokens * heads * (r.n_rot / 2);
     if (total <= 0) return;
-    rope_heads<<<blocks_for(total, 256), 256, 0, s>>>(x, ts, hs, heads, n_tokens * heads, pos0, r);
+    rope_heads<<<blocks_for("rope_heads", total, 256), 256, 0, s>>>(x, ts, hs, heads, n_tokens * heads, pos0, r);
     check_launch("rope_heads");
 }
 
@@ -111,7 +114,7 @@ static __global__ void __launch_bounds__(row_threads) softmax_rows_kernel(float*
 
 inline void softmax_rows(float* x, std::int64_t rows, std::int64_t n, cudaStream_t s) {
     if (rows <= 0) return;
-    softmax_rows_kernel<<<unsigned(rows), row_threads, 0, s>>>(x, n);
+    softmax_rows_kernel<<<grid_x("softmax_rows_kernel", rows), row_threads, 0, s>>>(x, n);
     check_launch("softmax_rows");
 }
 
@@ -125,7 +128,7 @@ static __global__ void swiglu_kernel(const float* gu, float* h, std::int64_t row
 
 inline void swiglu(const float* gu, float* h, std::int64_t rows, std::int64_t F, cudaStream_t s) {
     if (rows * F <= 0) return;
-    swiglu_kernel<<<blocks_for(rows * F, 256), 256, 0, s>>>(gu, h, rows, F);
+    swiglu_kernel<<<blocks_for("swiglu_kernel", rows * F, 256), 256, 0, s>>>(gu, h, rows, F);
     check_launch("swiglu");
 }
 
@@ -140,12 +143,12 @@ static __global__ void add_kernel(float* h, const float* y, std::int64_t n) {
 }
 inline void sigmoid_gate(float* a, const float* gate, std::int64_t n, cudaStream_t s) {
     if (n <= 0) return;
-    sigmoid_gate_kernel<<<blocks_for(n, 256), 256, 0, s>>>(a, gate, n);
+    sigmoid_gate_kernel<<<blocks_for("sigmoid_gate_kernel", n, 256), 256, 0, s>>>(a, gate, n);
     check_launch("sigmoid_gate");
 }
 inline void add(float* h, const float* y, std::int64_t n, cudaStream_t s) {
     if (n <= 0) return;
-    add_kernel<<<blocks_for(n, 256), 256, 0, s>>>(h, y, n);
+    add_kernel<<<blocks_for("add_kernel", n, 256), 256, 0, s>>>(h, y, n);
     check_launch("add");
 }
 

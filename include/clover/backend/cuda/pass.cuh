@@ -7,10 +7,7 @@
 //   paged_attention causal rows over their sequence's pages; preview rows over the pages and
 //                   their block's fresh rows; GQA; the sigmoid output gate fused
 //   gdn_gates       β = σ(b), g = A·softplus(α + dt) in place
-//   shared_gate_add the shared expert's sigmoid gate and its add to the routed sum
 // Rows find their sequence through a per-row descriptor (row_info) uploaded once per pass.
-#include <cub/block/block_reduce.cuh>
-
 #include <cstddef>
 #include <cstdint>
 
@@ -74,8 +71,7 @@ static __global__ void embed_rows_kernel(const std::uint8_t* w, std::size_t row_
 inline void embed_rows(dtype t, const std::uint8_t* w, std::size_t row_bytes, const int* ids, float* h, std::int64_t n,
                        std::int64_t cols, cudaStream_t s) {
     if (n <= 0) return;
-    if (n > 0x7fffffff) fail("cuda embed_rows: ", n, " rows exceed the grid limit");
-    const unsigned g = unsigned(n);
+    const unsigned g = grid_x("embed_rows", n);
     switch (t) {
         case dtype::f32: embed_rows_kernel<dtype::f32><<<g, 256, 0, s>>>(w, row_bytes, ids, h, cols); break;
         case dtype::f16: embed_rows_kernel<dtype::f16><<<g, 256, 0, s>>>(w, row_bytes, ids, h, cols); break;
@@ -124,7 +120,7 @@ static __global__ void split_qg_kernel(const float* qg, float* q, float* gate, s
 inline void split_qg(const float* qg, float* q, float* gate, std::int64_t n_heads_total, std::int64_t hd, cudaStream_t s) {
     const std::int64_t total = n_heads_total * hd;
     if (total <= 0) return;
-    split_qg_kernel<<<blocks_for(total, 256), 256, 0, s>>>(qg, q, gate, total, hd);
+    split_qg_kernel<<<blocks_for("split_qg", total, 256), 256, 0, s>>>(qg, q, gate, total, hd);
     check_launch("split_qg");
 }
 
@@ -150,7 +146,7 @@ static __global__ void kv_store_kernel(const float* k, const float* v, const row
 inline void kv_store(const float* k, const float* v, const row_info* rows, std::int64_t n, const kv_layout& L,
                      std::int64_t kvw, bool f16, cudaStream_t s) {
     if (n <= 0) return;
-    kv_store_kernel<<<unsigned(n), 128, 0, s>>>(k, v, rows, L, kvw, f16);
+    kv_store_kernel<<<grid_x("kv_store", n), 128, 0, s>>>(k, v, rows, L, kvw, f16);
     check_launch("kv_store");
 }
 
@@ -258,8 +254,8 @@ static __global__ void __launch_bounds__(pattn_warps * 32) paged_attention_kerne
 inline void paged_attention(const paged_attn_args& a, std::int64_t n_rows, cudaStream_t s) {
     if (n_rows <= 0) return;
     if (a.hd > 32 * pattn_dims_per_lane) fail("cuda paged_attention: head_dim ", a.hd, " exceeds ", 32 * pattn_dims_per_lane);
-    if (n_rows * a.H > 0x7fffffff) fail("cuda paged_attention: ", n_rows, " rows × ", a.H, " heads exceed the grid limit");
-    const unsigned g = unsigned(n_rows * a.H);
+    if (a.Hkv < 1 || a.H % a.Hkv != 0) fail("cuda paged_attention: ", a.H, " query heads do not group over ", a.Hkv, " KV heads");
+    const unsigned g = grid_x("paged_attention", n_rows * a.H);
     if (a.f16) paged_attention_kernel<true><<<g, pattn_warps * 32, 0, s>>>(a);
     else paged_attention_kernel<false><<<g, pattn_warps * 32, 0, s>>>(a);
     check_launch("paged_attention");
@@ -279,32 +275,8 @@ static __global__ void gdn_gates_kernel(float* beta, float* alpha, const float* 
 inline void gdn_gates(float* beta, float* alpha, const float* A, const float* dt, std::int64_t n, std::int64_t Hv,
                       cudaStream_t s) {
     if (n * Hv <= 0) return;
-    gdn_gates_kernel<<<blocks_for(n * Hv, 256), 256, 0, s>>>(beta, alpha, A, dt, n * Hv, Hv);
+    gdn_gates_kernel<<<blocks_for("gdn_gates", n * Hv, 256), 256, 0, s>>>(beta, alpha, A, dt, n * Hv, Hv);
     check_launch("gdn_gates");
-}
-
-// ---- the shared expert's gate -------------------------------------------------------------------
-
-// out[t, :] += sigmoid(x[t, :] · g) · ys[t, :] (moe_ffn's last step). One block per row.
-static __global__ void __launch_bounds__(256) shared_gate_add_kernel(float* out, const float* x, const float* g, const float* ys,
-                                                                      std::int64_t E) {
-    using reduce = cub::BlockReduce<float, 256>;
-    __shared__ typename reduce::TempStorage tmp;
-    __shared__ float gate;
-    const std::int64_t t = blockIdx.x;
-    float dot = 0.f;
-    for (std::int64_t i = threadIdx.x; i < E; i += 256) dot += x[t * E + i] * g[i];
-    dot = reduce(tmp).Sum(dot);
-    if (threadIdx.x == 0) gate = sigmoid(dot);
-    __syncthreads();
-    for (std::int64_t i = threadIdx.x; i < E; i += 256) out[t * E + i] += gate * ys[t * E + i];
-}
-inline void shared_gate_add(float* out, const float* x, const float* g, const float* ys, std::int64_t n, std::int64_t E,
-                            cudaStream_t s) {
-    if (n <= 0) return;
-    if (n > 0x7fffffff) fail("cuda shared_gate_add: ", n, " rows exceed the grid limit");
-    shared_gate_add_kernel<<<unsigned(n), 256, 0, s>>>(out, x, g, ys, E);
-    check_launch("shared_gate_add");
 }
 
 }  // namespace clover::backend::cuda_detail

@@ -126,7 +126,50 @@ private:
 // Checks the last launch (launch errors are otherwise only seen at the next synchronisation).
 inline void check_launch(const char* what) { check(cudaGetLastError(), what, __FILE__, __LINE__); }
 
-inline unsigned blocks_for(std::int64_t n, unsigned per_block) { return unsigned((n + per_block - 1) / per_block); }
+// Launch bounds of the hardware (every GPU since compute capability 3.0): a grid's x extent and
+// its y and z extents. A launch past them fails at run time with only "invalid configuration
+// argument", so every launch whose grid comes from a run-time size checks it on the host first.
+inline constexpr std::int64_t max_grid_x = 2147483647, max_grid_yz = 65535;
+
+// The grid x extent for `blocks` blocks of `kernel`, or one clear error naming the kernel.
+inline unsigned grid_x(const char* kernel, std::int64_t blocks) {
+    if (blocks < 0 || blocks > max_grid_x)
+        fail("cuda: kernel ", kernel, " needs ", blocks, " blocks in grid x; the limit is ", max_grid_x);
+    return unsigned(blocks);
+}
+inline unsigned grid_yz(const char* kernel, std::int64_t blocks) {
+    if (blocks < 0 || blocks > max_grid_yz)
+        fail("cuda: kernel ", kernel, " needs ", blocks, " blocks in grid y/z; the limit is ", max_grid_yz);
+    return unsigned(blocks);
+}
+// Blocks of `per_block` threads covering n items, as a checked grid x extent.
+inline unsigned blocks_for(const char* kernel, std::int64_t n, unsigned per_block) {
+    return grid_x(kernel, (n + per_block - 1) / per_block);
+}
+
+// Makes `device` the calling thread's current device for the guard's life, restoring the
+// previous one after. The CUDA runtime keeps the current device per host thread, so a backend
+// built on one thread and called from another (a server worker) would otherwise allocate and
+// launch on that thread's device (0 by default).
+class device_guard {
+public:
+    explicit device_guard(int device) {
+        int cur = 0;
+        CLOVER_CUDA_CHECK(cudaGetDevice(&cur));
+        if (cur != device) {
+            CLOVER_CUDA_CHECK(cudaSetDevice(device));
+            prev_ = cur;
+        }
+    }
+    ~device_guard() {
+        if (prev_ >= 0) (void)cudaSetDevice(prev_);
+    }
+    device_guard(const device_guard&) = delete;
+    device_guard& operator=(const device_guard&) = delete;
+
+private:
+    int prev_ = -1;  // the device to restore, or -1 when nothing was changed
+};
 
 // ---- device helpers ---------------------------------------------------------------------------
 // Kernels in these headers are `static __global__` (or templates): every nvcc translation unit
