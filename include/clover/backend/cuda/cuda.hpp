@@ -138,7 +138,7 @@ public:
     void map_weights(std::span<const std::byte> f) { cpu_.map_weights(f); }
     state make_state(std::span<const layer_state_spec> spec, const state_options& o) {
         cuda_detail::device_guard on(opt_.device);
-        return state(spec, o, cuda_detail::device_store{stream()});
+        return state(spec, o, cuda_detail::device_store{stream(), opt_.device});
     }
     context begin_pass() {
         cuda_detail::device_guard on(opt_.device);
@@ -199,6 +199,10 @@ public:
         cuda_detail::device_guard on(opt_.device);
         const std::int64_t n = bt.rows(), H = a.n_head, Hkv = a.n_head_kv, hd = a.head_dim;
         const cudaStream_t s = stream();
+        // The attention kernel's limits, checked before this layer writes its KV rows.
+        if (hd > 32 * cuda_detail::pattn_dims_per_lane || Hkv < 1 || H % Hkv != 0)
+            fail("backend::cuda: attention with ", H, " heads over ", Hkv, " KV heads of ", hd,
+                 " dims is outside the kernel's limits (head_dim <= ", 32 * cuda_detail::pattn_dims_per_lane, ", heads grouped evenly)");
         cuda_detail::split_qg(qg.data, q.data, gate.data, n * H, hd, s);
         cuda_detail::rms_norm(q.data, hd, f32(*nw.q_norm), q.data, hd, n * H, hd, a.rms_eps, s);
         cuda_detail::rms_norm(k.data, hd, f32(*nw.k_norm), k.data, hd, n * Hkv, hd, a.rms_eps, s);
@@ -368,6 +372,7 @@ public:
         const std::size_t bytes = std::size_t(w.rows * w.n_mat) * w.row_bytes;
         e.buf.reserve(std::max<std::size_t>(bytes, 1));
         const std::size_t chunk = opt_.staging_bytes;  // bounded pinned staging, reused
+        stream_->sync();  // the last upload's final chunk may still be leaving the buffer
         staging_.reserve(std::min(bytes, chunk));
         for (std::size_t off = 0; off < bytes; off += chunk) {
             const std::size_t len = std::min(chunk, bytes - off);
@@ -429,7 +434,7 @@ private:
         return dst.get<T>();
     }
     void copy_rows(cuda_detail::device_floats& dst, const float* src, std::size_t n) {
-        if (dst.stream() == nullptr) dst = cuda_detail::device_floats(n, stream());
+        if (dst.stream() == nullptr) dst = cuda_detail::device_floats(n, stream(), opt_.device);
         dst.resize(n);
         if (n) CLOVER_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, n * 4, cudaMemcpyDeviceToDevice, stream()));
     }
@@ -462,6 +467,10 @@ private:
         d.host_infos.clear();
         d.host_pages.clear();
         for (const segment& sg : bt.segments()) {
+            // The kernels index page lists unchecked: a row past the capacity would reach the
+            // next sequence's pages (the CPU pool's kv() refuses it).
+            if (sg.pos0 + sg.n > st.capacity(sg.seq))
+                fail("backend::cuda: positions up to ", sg.pos0 + sg.n, " exceed the sequence's capacity ", st.capacity(sg.seq));
             const auto& pages = st.page_ids(sg.seq);
             const auto off = std::int32_t(d.host_pages.size());
             d.host_pages.insert(d.host_pages.end(), pages.begin(), pages.end());
@@ -500,7 +509,9 @@ private:
         if (keep > 0) {
             const cudaStream_t s = stream();
             cuda_detail::advance_ring(r.ring0.data(), r.m.data(), slot.ring.data(), keep, g.channels, int(g.conv), s);
-            cuda_detail::device_floats o(std::size_t(keep * g.v_heads * g.dv), s);  // outputs nobody reads
+            auto& o = replay_out_;  // outputs nobody reads; grow-only (rollbacks of one backend are serial)
+            if (o.stream() == nullptr) o = cuda_detail::device_floats(0, s, opt_.device);
+            o.resize(std::size_t(keep * g.v_heads * g.dv));
             cuda_detail::gdn_scan_args sa{};
             sa.S = slot.S.data();
             sa.y = r.y.data();
@@ -521,6 +532,7 @@ private:
     std::unordered_map<key, entry, key_hash> cache_;
     cuda_detail::pinned_buffer staging_;
     cuda_detail::device_buffer hx_, hy_, hact_;
+    cuda_detail::device_floats replay_out_;
     std::size_t uploaded_bytes_ = 0;
 };
 

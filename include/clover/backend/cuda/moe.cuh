@@ -116,7 +116,7 @@ inline void coreset(const float* probs, std::int64_t n, std::int64_t X, std::int
 // Device scratch of the grouping step and the expert products, sized for n rows.
 struct moe_scratch {
     device_buffer keys, keys_sorted, slots, slots_sorted, counts, offsets, tile_counts, tile_offsets, tiles, xmap, inv,
-        cub_tmp, act, gu, hbuf, ys, sh_act, sh_gu, sh_h, sh_y, sh_gate;
+        cub_tmp, act, act_up, gu, hbuf, ys, sh_act, sh_gu, sh_h, sh_y, sh_gate;
 };
 
 static __global__ void iota_kernel(int* v, std::int64_t n) {
@@ -254,6 +254,15 @@ inline void moe_experts(const device_matrix& gate, const device_matrix* up, cons
     a.N = up ? F : 2 * F;
     launch_mm(gate.type, a, max_tiles, s);
     if (up) {
+        // A separate up tensor may be stored in another format than gate (a mixed quantization):
+        // its product reads activations in its own partner type.
+        const dtype ut = quant::activation_type(up->type);
+        if (ut != at) {
+            void* act_up = sc.act_up.get<std::uint8_t>(act_bytes(up->type, n, E));
+            quantize_activations(ut, x, act_up, n, E, s);
+            a.x = ut == dtype::f32 ? reinterpret_cast<const std::uint8_t*>(x) : static_cast<const std::uint8_t*>(act_up);
+            a.x_row_bytes = quant::row_bytes(ut, E);
+        }
         a.w = up->data;
         a.row_bytes = up->row_bytes;
         a.mat_bytes = up->mat_bytes();

@@ -5,9 +5,11 @@
 // stream, so it is ordered with the passes that run on that stream and the host never waits
 // for it (only `equal`, a test helper, reads bytes back).
 //
-// device_floats carries its stream: the pool copies float arrays by value (a checkpoint is a
-// copy of each GDN layer's state), and a copy constructor has no other way to learn where to
-// queue the copy.
+// device_floats carries its stream and device: the pool copies float arrays by value (a
+// checkpoint is a copy of each GDN layer's state), and a copy constructor has no other way to
+// learn where to queue the copy. Every allocation and copy selects that device for its calling
+// thread (a server thread opening a sequence may have another device current). Capacity only
+// grows, so verify records of varying length stop allocating (cudaFree waits for the device).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -23,23 +25,21 @@ namespace clover::backend::cuda_detail {
 class device_floats {
 public:
     device_floats() = default;
-    device_floats(std::size_t n, cudaStream_t s) : s_(s) {
+    device_floats(std::size_t n, cudaStream_t s, int device) : s_(s), dev_(device) {
         alloc(n);
         zero();
     }
-    device_floats(const device_floats& o) : s_(o.s_) {
+    device_floats(const device_floats& o) : s_(o.s_), dev_(o.dev_) {
         alloc(o.n_);
         copy_from(o);
     }
     device_floats(device_floats&& o) noexcept
-        : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), s_(o.s_) {}
+        : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cap_(std::exchange(o.cap_, 0)), s_(o.s_), dev_(o.dev_) {}
     device_floats& operator=(const device_floats& o) {
         if (this == &o) return *this;
         s_ = o.s_;
-        if (n_ != o.n_) {
-            release();
-            alloc(o.n_);
-        }
+        dev_ = o.dev_;
+        resize(o.n_);
         copy_from(o);
         return *this;
     }
@@ -48,7 +48,9 @@ public:
             release();
             p_ = std::exchange(o.p_, nullptr);
             n_ = std::exchange(o.n_, 0);
+            cap_ = std::exchange(o.cap_, 0);
             s_ = o.s_;
+            dev_ = o.dev_;
         }
         return *this;
     }
@@ -58,42 +60,55 @@ public:
     const float* data() const { return p_; }
     std::size_t size() const { return n_; }
     cudaStream_t stream() const { return s_; }
+    int device() const { return dev_; }
     void zero() {
-        if (n_) CLOVER_CUDA_CHECK(cudaMemsetAsync(p_, 0, n_ * sizeof(float), s_));
+        if (!n_) return;
+        device_guard on(dev_);
+        CLOVER_CUDA_CHECK(cudaMemsetAsync(p_, 0, n_ * sizeof(float), s_));
     }
-    // Resized to n (contents undefined when the size changes): verify records take the
-    // segment's row count each pass.
+    // Resized to n (contents undefined when it grows past its capacity): verify records take
+    // the segment's row count each pass.
     void resize(std::size_t n) {
-        if (n == n_) return;
+        if (n <= cap_) {
+            n_ = n;
+            return;
+        }
         release();
         alloc(n);
     }
 
 private:
     void alloc(std::size_t n) {
-        n_ = n;
-        if (n) CLOVER_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(float)));
+        n_ = cap_ = n;
+        if (!n) return;
+        device_guard on(dev_);
+        CLOVER_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(float)));
     }
     void copy_from(const device_floats& o) {
-        if (n_) CLOVER_CUDA_CHECK(cudaMemcpyAsync(p_, o.p_, n_ * sizeof(float), cudaMemcpyDeviceToDevice, s_));
+        if (!n_) return;
+        device_guard on(dev_);
+        CLOVER_CUDA_CHECK(cudaMemcpyAsync(p_, o.p_, n_ * sizeof(float), cudaMemcpyDeviceToDevice, s_));
     }
     void release() noexcept {
         // cudaFree waits for the device to finish using the memory, so queued copies that read
         // or write it complete first.
         if (p_) (void)cudaFree(p_);
         p_ = nullptr;
-        n_ = 0;
+        n_ = cap_ = 0;
     }
     float* p_ = nullptr;
-    std::size_t n_ = 0;
+    std::size_t n_ = 0, cap_ = 0;
     cudaStream_t s_ = nullptr;
+    int dev_ = 0;
 };
 
 // A zeroed device block (a KV chunk) that frees itself.
 class device_bytes {
 public:
     device_bytes() = default;
-    device_bytes(std::size_t n, cudaStream_t s) : buf_(n) {
+    device_bytes(std::size_t n, cudaStream_t s, int device) {
+        device_guard on(device);
+        buf_.reserve(n);
         if (n) CLOVER_CUDA_CHECK(cudaMemsetAsync(buf_.get(), 0, n, s));
     }
     std::byte* get() const { return buf_.get<std::byte>(); }
@@ -106,11 +121,14 @@ struct device_store {
     using floats = device_floats;
     using bytes = device_bytes;
     cudaStream_t stream = nullptr;  // where every copy and zeroing of the pool is queued
+    int device = 0;                 // the backend's device, selected for each call
 
-    floats floats_of(std::size_t n) const { return floats(n, stream); }
-    bytes bytes_of(std::size_t n) const { return bytes(n, stream); }
+    floats floats_of(std::size_t n) const { return floats(n, stream, device); }
+    bytes bytes_of(std::size_t n) const { return bytes(n, stream, device); }
     void copy(void* dst, const void* src, std::size_t n) const {
-        if (n) CLOVER_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream));
+        if (!n) return;
+        device_guard on(device);
+        CLOVER_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream));
     }
     // Test helpers: read both back (after the stream's queued work) and compare.
     bool equal(const void* a, const void* b, std::size_t n) const {
@@ -124,11 +142,13 @@ struct device_store {
     }
     void read(void* host, const void* dev, std::size_t n) const {
         if (!n) return;
+        device_guard on(device);
         CLOVER_CUDA_CHECK(cudaMemcpyAsync(host, dev, n, cudaMemcpyDeviceToHost, stream));
         CLOVER_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
     void write(void* dev, const void* host, std::size_t n) const {
         if (!n) return;
+        device_guard on(device);
         CLOVER_CUDA_CHECK(cudaMemcpyAsync(dev, host, n, cudaMemcpyHostToDevice, stream));
         CLOVER_CUDA_CHECK(cudaStreamSynchronize(stream));  // host may reuse its buffer at once
     }
