@@ -34,6 +34,10 @@ struct layer_state_spec {
     std::int64_t gdn_dk = 0, gdn_dv = 0;
     std::int64_t conv_rows = 0;   // GDN: K - 1 ring rows
     std::int64_t conv_channels = 0;
+    // Shapes a backend checks against its kernels' limits when the pool is made, before any
+    // pass could fail half way through a model (a device kernel has limits the CPU has not).
+    std::int64_t n_head = 0, head_dim = 0;         // attention: query heads, head size
+    std::int64_t n_expert = 0, n_expert_used = 0;  // the layer's MoE (0: none)
 };
 
 struct state_options {

@@ -62,6 +62,8 @@ struct gated_attention {
         backend::layer_state_spec s;
         s.k = backend::layer_state_spec::kind::attention;
         s.kv_width = d.n_head_kv() * d.head_dim();
+        s.n_head = d.n_head();
+        s.head_dim = d.head_dim();
         return s;
     }
     static backend::attention_shape shape(const dims<V>& d) {

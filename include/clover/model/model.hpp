@@ -76,6 +76,8 @@ public:
         for (std::int64_t il = 0; il < d.n_layer(); ++il) {
             spec_.push_back(std::visit([&]<class W>(const W&) { return mixer_layer<W>::state_spec(d); },
                                        weights_.layers[std::size_t(il)].mixer));
+            spec_.back().n_expert = d.n_expert();
+            spec_.back().n_expert_used = d.n_expert_used();
             // Rollback restores the layers that keep a GDN state: the spec says which.
             if (spec_.back().k == backend::layer_state_spec::kind::gdn) gdn_layers_.push_back(il);
         }

@@ -138,6 +138,7 @@ public:
     void map_weights(std::span<const std::byte> f) { cpu_.map_weights(f); }
     state make_state(std::span<const layer_state_spec> spec, const state_options& o) {
         cuda_detail::device_guard on(opt_.device);
+        check_limits(spec);
         return state(spec, o, cuda_detail::device_store{stream(), opt_.device});
     }
     context begin_pass() {
@@ -418,6 +419,33 @@ private:
         (void)cudaStreamSynchronize(stream());
         std::lock_guard lk(free_mu_);
         free_.push_back(std::move(d));
+    }
+    // The kernels' limits against the model's shapes, once, before any pass: a limit met half
+    // way through a pass would leave the earlier layers' states advanced.
+    void check_limits(std::span<const layer_state_spec> spec) const {
+        int max_smem = 0;
+        CLOVER_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, opt_.device));
+        for (std::size_t l = 0; l < spec.size(); ++l) {
+            const layer_state_spec& s = spec[l];
+            if (s.k == layer_state_spec::kind::attention && s.head_dim > 0) {
+                const std::int64_t kv_heads = s.kv_width / s.head_dim;
+                if (s.head_dim > 32 * cuda_detail::pattn_dims_per_lane || kv_heads < 1 || s.n_head % kv_heads != 0)
+                    fail("backend::cuda: layer ", l, ": attention with ", s.n_head, " heads over ", kv_heads, " KV heads of ",
+                         s.head_dim, " dims is outside the kernel's limits (head_dim <= ", 32 * cuda_detail::pattn_dims_per_lane,
+                         ", heads grouped evenly)");
+            }
+            if (s.k == layer_state_spec::kind::gdn) {
+                const cuda_detail::gdn_layout L{s.conv_channels, 1, s.gdn_heads, s.gdn_dk, s.gdn_dv, false};
+                if (cuda_detail::gdn_chunked_smem(L, 32) > std::size_t(max_smem))
+                    fail("backend::cuda: layer ", l, ": a GDN head of ", s.gdn_dk, " x ", s.gdn_dv,
+                         " needs more shared memory for its chunked prefill than the device has (", max_smem, " bytes)");
+            }
+            if (s.n_expert > 0 && (s.n_expert > cuda_detail::max_experts || s.n_expert_used < 1 ||
+                                   s.n_expert_used > cuda_detail::max_experts_used || s.n_expert_used > s.n_expert))
+                fail("backend::cuda: layer ", l, ": ", s.n_expert, " experts with ", s.n_expert_used,
+                     " per token are outside the routing kernel's limits (at most ", cuda_detail::max_experts, " experts, 1..",
+                     cuda_detail::max_experts_used, " per token)");
+        }
     }
     const float* f32(const weight& w) { return reinterpret_cast<const float*>(dev(w).data); }
     static cuda_detail::gdn_layout layout_of(const gdn_shape& g) {
