@@ -466,26 +466,11 @@ private:
         dst.resize(n);
         if (n) CLOVER_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, n * 4, cudaMemcpyDeviceToDevice, stream()));
     }
-    // y[rows, w.rows] = x · wᵀ; with `rows`, output row p reads input row rows[p] (lm_head).
+    // y[n, w.rows] = x · wᵀ; with `rows`, y has n_out rows and row p reads input row rows[p].
     void product(context& cx, const weight& w, const float* x, std::int64_t n, float* y, const int* rows = nullptr,
-                 std::int64_t n_out = -1, std::int64_t ldy = -1) {
-        const cuda_detail::device_matrix& dw = dev(w);
-        const dtype at = quant::activation_type(w.type);
+                 std::int64_t n_out = -1) {
         void* act = cx.scratch().act.get<std::uint8_t>(std::max<std::size_t>(1, cuda_detail::act_bytes(w.type, n, w.cols)));
-        cuda_detail::quantize_activations(at, x, act, n, w.cols, stream());
-        cuda_detail::mm_args a{};
-        a.w = dw.data;
-        a.row_bytes = dw.row_bytes;
-        a.mat_bytes = dw.mat_bytes();
-        a.x = at == dtype::f32 ? reinterpret_cast<const std::uint8_t*>(x) : static_cast<const std::uint8_t*>(act);
-        a.x_row_bytes = quant::row_bytes(at, w.cols);
-        a.xmap = rows;
-        a.y = y;
-        a.ldy = ldy < 0 ? w.rows : ldy;
-        a.N = w.rows;
-        a.K = w.cols;
-        a.n = n_out < 0 ? n : n_out;
-        cuda_detail::launch_mm(w.type, a, (a.n + cuda_detail::mm_rows - 1) / cuda_detail::mm_rows, stream());
+        cuda_detail::matmul(dev(w), x, y, n, act, stream(), 0, rows, n_out);
     }
     // The rows' descriptors and their sequences' page lists, once per pass (the first attention
     // layer): the pool's pages do not change during a pass.

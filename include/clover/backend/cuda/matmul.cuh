@@ -305,9 +305,10 @@ inline std::size_t act_bytes(dtype wt, std::int64_t n, std::int64_t K) {
 }
 
 // y[n, N] = x[n, K] · wᵀ on the device (all pointers device pointers; act: act_bytes() scratch);
-// row p of y starts at y + p·ldy (ldy 0: N, packed).
+// row p of y starts at y + p·ldy (ldy 0: N, packed). With `rows`, y has n_out rows and row p
+// reads input row rows[p] (a gather: the LM head over the rows that give logits).
 inline void matmul(const device_matrix& w, const float* x, float* y, std::int64_t n, void* act, cudaStream_t s,
-                   std::int64_t ldy = 0) {
+                   std::int64_t ldy = 0, const int* rows = nullptr, std::int64_t n_out = -1) {
     const dtype at = quant::activation_type(w.type);
     quantize_activations(at, x, act, n, w.cols, s);
     mm_args a{};
@@ -316,12 +317,13 @@ inline void matmul(const device_matrix& w, const float* x, float* y, std::int64_
     a.mat_bytes = w.mat_bytes();
     a.x = at == dtype::f32 ? reinterpret_cast<const std::uint8_t*>(x) : static_cast<const std::uint8_t*>(act);
     a.x_row_bytes = quant::row_bytes(at, w.cols);
+    a.xmap = rows;
     a.y = y;
     a.ldy = ldy > 0 ? ldy : w.rows;
     a.N = w.rows;
     a.K = w.cols;
-    a.n = n;
-    launch_mm(w.type, a, (n + mm_rows - 1) / mm_rows, s);
+    a.n = rows ? n_out : n;
+    launch_mm(w.type, a, (a.n + mm_rows - 1) / mm_rows, s);
 }
 
 }  // namespace clover::backend::cuda_detail
