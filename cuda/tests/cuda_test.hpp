@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <clover/backend/cuda/cuda.hpp>
@@ -33,6 +35,27 @@ struct dvec {
         std::vector<T> h(n);
         CLOVER_CUDA_CHECK(cudaMemcpy(h.data(), buf.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
         return h;
+    }
+};
+
+// A random weight stored as t: one matrix [rows, cols], or a stack of n_mat (an expert tensor).
+struct random_weight {
+    std::vector<std::byte> bytes;
+    clover::weight w;
+    random_weight(clover::dtype t, std::int64_t rows, std::int64_t cols, std::uint64_t seed, std::string name = "test",
+                  std::int64_t n_mat = 1) {
+        const std::size_t rb = clover::quant::row_bytes(t, cols);
+        bytes.resize(rb * std::size_t(n_mat * rows));
+        auto f = testutil::random_vec(std::size_t(n_mat * rows * cols), seed);
+        for (std::int64_t r = 0; r < n_mat * rows; ++r)
+            clover::quant::quantize_row(t, f.data() + r * cols, bytes.data() + r * rb, cols);
+        w.data = bytes.data();
+        w.type = t;
+        w.cols = cols;
+        w.rows = rows;
+        w.n_mat = n_mat;
+        w.row_bytes = rb;
+        w.name = std::move(name);
     }
 };
 

@@ -18,23 +18,7 @@ using cudatest::rel;
 
 namespace {
 
-// A host weight matrix of random values stored as t.
-struct host_weight {
-    std::vector<std::byte> bytes;
-    weight w;
-    host_weight(dtype t, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
-        const std::size_t rb = quant::row_bytes(t, cols);
-        bytes.resize(rb * static_cast<std::size_t>(rows));
-        auto f = testutil::random_vec(static_cast<std::size_t>(rows * cols), seed);
-        for (std::int64_t r = 0; r < rows; ++r) quant::quantize_row(t, f.data() + r * cols, bytes.data() + r * rb, cols);
-        w.data = bytes.data();
-        w.type = t;
-        w.cols = cols;
-        w.rows = rows;
-        w.row_bytes = rb;
-        w.name = "test." + std::string(dtype_name(t));
-    }
-};
+using host_weight = cudatest::random_weight;
 
 hparams gdn_hparams(std::int64_t Hk, std::int64_t Hv, std::int64_t dk, std::int64_t dv, std::int64_t K, bool grouped) {
     hparams h;

@@ -18,23 +18,7 @@ using cudatest::rel;
 
 namespace {
 
-// A random host weight of type t (rows x cols).
-struct host_matrix {
-    std::vector<std::byte> bytes;
-    weight w;
-    host_matrix(dtype t, std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
-        const std::size_t rb = quant::row_bytes(t, cols);
-        bytes.resize(rb * std::size_t(rows));
-        auto f = testutil::random_vec(std::size_t(rows * cols), seed);
-        for (std::int64_t r = 0; r < rows; ++r) quant::quantize_row(t, f.data() + r * cols, bytes.data() + r * rb, cols);
-        w.data = bytes.data();
-        w.type = t;
-        w.cols = cols;
-        w.rows = rows;
-        w.row_bytes = rb;
-        w.name = "test.launch";
-    }
-};
+using host_matrix = cudatest::random_weight;
 
 }  // namespace
 

@@ -230,36 +230,17 @@ CUDA_TEST_CASE("GDN primitives equal the CPU's: commit (chunked), verify (record
     compare_states();
 }
 
-namespace {
-// A stack of X random matrices [rows, cols] stored as t (an expert tensor), or one matrix.
-struct stacked {
-    std::vector<std::byte> bytes;
-    weight w;
-    stacked(dtype t, std::int64_t X, std::int64_t rows, std::int64_t cols, std::uint64_t seed, const char* name) {
-        const std::size_t rb = quant::row_bytes(t, cols);
-        bytes.resize(rb * std::size_t(X * rows));
-        auto f = testutil::random_vec(std::size_t(X * rows * cols), seed);
-        for (std::int64_t r = 0; r < X * rows; ++r) quant::quantize_row(t, f.data() + r * cols, bytes.data() + r * rb, cols);
-        w.data = bytes.data();
-        w.type = t;
-        w.rows = rows;
-        w.cols = cols;
-        w.n_mat = X;
-        w.row_bytes = rb;
-        w.name = name;
-    }
-};
-}  // namespace
 
 CUDA_TEST_CASE("MoE and LM head primitives equal the CPU's: per-block coresets (one smaller than k), shared expert, gathered logits rows") {
     const std::int64_t X = 12, k = 4, E = 64, F = 32, Fs = 64, V = 45;
     for (dtype t : {dtype::f32, dtype::q8_0}) {
         CAPTURE(dtype_name(t));
-        stacked router(dtype::f32, 1, X, E, 1, "blk.0.ffn_gate_inp.weight"), gate(t, X, F, E, 2, "blk.0.ffn_gate_exps.weight"),
-            up(t, X, F, E, 3, "blk.0.ffn_up_exps.weight"), down(t, X, E, F, 4, "blk.0.ffn_down_exps.weight"),
-            sg(t, 1, Fs, E, 5, "blk.0.ffn_gate_shexp.weight"), su(t, 1, Fs, E, 6, "blk.0.ffn_up_shexp.weight"),
-            sd(t, 1, E, Fs, 7, "blk.0.ffn_down_shexp.weight"), gin(dtype::f32, 1, 1, E, 8, "blk.0.ffn_gate_inp_shexp.weight"),
-            out(t, 1, V, E, 9, "output.weight");
+        using rw = cudatest::random_weight;
+        rw router(dtype::f32, X, E, 1, "blk.0.ffn_gate_inp.weight"), gate(t, F, E, 2, "blk.0.ffn_gate_exps.weight", X),
+            up(t, F, E, 3, "blk.0.ffn_up_exps.weight", X), down(t, E, F, 4, "blk.0.ffn_down_exps.weight", X),
+            sg(t, Fs, E, 5, "blk.0.ffn_gate_shexp.weight"), su(t, Fs, E, 6, "blk.0.ffn_up_shexp.weight"),
+            sd(t, E, Fs, 7, "blk.0.ffn_down_shexp.weight"), gin(dtype::f32, 1, E, 8, "blk.0.ffn_gate_inp_shexp.weight"),
+            out(t, V, E, 9, "output.weight");
         const moe_shape ms{X, k, F, Fs};
         const moe_params mp{&gate.w, &up.w, nullptr, &down.w, &gin.w, &sg.w, &su.w, &sd.w};
         host cb({2});
