@@ -4,10 +4,13 @@
 //   batch8 — 8 activation rows (8 sequences decoding together) against the big matrix: the
 //            small-batch path, which streams the weights once and is compute-bound: GMAC/s;
 // for the scalar twin, the AVX2 tiles and the AVX-512 tiles (whichever this build compiled).
+// Then attention (--attention: only that): one GQA group of query heads over an F16 KV cache in
+// pages of 32 (attend_group, the CPU backend's kernel, against attend_group_ref, its plain twin,
+// which gives the same bits): microseconds per query row and the ratio.
 // Times are the thread's CPU time (see now_s).
 // The README's kernel table comes from this program. Medians of -r repetitions.
 //
-//   bench_kernels [-r 5] [--types q8_0,q4_k,...] [--json]
+//   bench_kernels [-r 5] [--types q8_0,q4_k,...] [--attention] [--json]
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -85,16 +88,56 @@ double median(std::vector<double> v) {
     return v[v.size() / 2];
 }
 
+// attend_group vs its twin for the bundled model's shape (2 query heads per KV head, head size
+// 64) and Clover-35B-A3B's (8 per KV head, 256), at several context lengths.
+void bench_attention(int reps, bool json) {
+    if (!json) std::printf("\n| heads per KV head | head size | keys | plain twin us | attend_group us | speed-up |\n|---|---|---|---|---|---|\n");
+    struct shape { std::int64_t G, hd; };
+    for (const shape sh : {shape{2, 64}, shape{8, 256}}) {
+        for (const std::int64_t n : {512, 2048, 8192}) {
+            // Two KV heads side by side per row, as in the cache; this group reads the second.
+            const std::int64_t stride = 2 * sh.hd;
+            rng r(11);
+            std::vector<quant::f16_bits> k(std::size_t(n * stride)), v(k.size());
+            for (auto& x : k) x = quant::f32_to_f16(r.uniform(-2.f, 2.f));
+            for (auto& x : v) x = quant::f32_to_f16(r.uniform(-1.f, 1.f));
+            std::vector<cd::kv_run> runs;
+            for (std::int64_t j = 0; j < n; j += 32)
+                runs.push_back({k.data() + j * stride + sh.hd, v.data() + j * stride + sh.hd, stride, std::min<std::int64_t>(32, n - j), true});
+            std::vector<float> q(std::size_t(sh.G * sh.hd)), out(q.size()), p;
+            for (auto& x : q) x = r.uniform(-1.f, 1.f);
+            const int inner = int(std::max<std::int64_t>(1, 200000 / n));
+            std::vector<double> plain, fast;
+            for (int rep = 0; rep < reps; ++rep) {
+                double t0 = now_s();
+                for (int i = 0; i < inner; ++i) cd::attend_group_ref(q.data(), sh.G, runs, sh.hd, 0.125f, out.data(), p);
+                plain.push_back((now_s() - t0) / inner * 1e6);
+                t0 = now_s();
+                for (int i = 0; i < inner; ++i) cd::attend_group(q.data(), sh.G, runs, sh.hd, 0.125f, out.data(), p);
+                fast.push_back((now_s() - t0) / inner * 1e6);
+            }
+            const double a = median(plain), b = median(fast);
+            if (json)
+                std::printf("{\"kernel\":\"attend_group\",\"isa\":\"%s\",\"heads_per_kv\":%lld,\"head_dim\":%lld,\"keys\":%lld,\"plain_us\":%.2f,\"fast_us\":%.2f,\"speedup\":%.3f}\n",
+                            cd::isa_name(), (long long)sh.G, (long long)sh.hd, (long long)n, a, b, a / b);
+            else
+                std::printf("| %lld | %lld | %lld | %.1f | %.1f | %.2fx |\n", (long long)sh.G, (long long)sh.hd, (long long)n, a, b, a / b);
+            std::fflush(stdout);
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     int reps = 5;
-    bool json = false;
+    bool json = false, attention_only = false;
     std::vector<dtype> types = {dtype::q8_0, dtype::q4_k, dtype::q5_k, dtype::q6_k, dtype::bf16, dtype::f16, dtype::f32};
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "-r" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
         else if (a == "--json") json = true;
+        else if (a == "--attention") attention_only = true;
         else if (a == "--types" && i + 1 < argc) {
             types.clear();
             std::string s = argv[++i];
@@ -103,7 +146,11 @@ int main(int argc, char** argv) {
                 if (auto t = dtype_from_name(s.substr(p, c - p))) types.push_back(*t);
                 p = c + 1;
             }
-        } else { std::fprintf(stderr, "usage: bench_kernels [-r 5] [--types q8_0,q4_k,...] [--json]\n"); return 1; }
+        } else { std::fprintf(stderr, "usage: bench_kernels [-r 5] [--types q8_0,q4_k,...] [--attention] [--json]\n"); return 1; }
+    }
+    if (attention_only) {
+        bench_attention(reps, json);
+        return 0;
     }
     const std::int64_t K = 2048;
     if (!json) std::printf("| type | ISA | gemv GB/s (1 row) | gemm GMAC/s (64 rows) | batch8 GMAC/s (8 rows, streaming) |\n|---|---|---|---|---|\n");
@@ -148,5 +195,6 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
         }
     }
+    bench_attention(reps, json);
     return 0;
 }

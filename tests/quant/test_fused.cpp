@@ -258,3 +258,81 @@ TEST_CASE("vec_ops: dot, axpy, acc_rows, acc_rows2, scale_add equal plain loops 
         }
     }
 }
+
+TEST_CASE("attend_group equals its plain twin bit for bit (GQA groups, F16/F32 runs, odd key counts, every head size)") {
+    namespace cd = backend::cpu_detail;
+    // reduce_each is reduce() of each vector, in the same pairs of lanes.
+    {
+        using P = cd::native;
+        std::vector<float> raw = testutil::random_vec(std::size_t(P::lanes * P::lanes), 9);
+        for (std::size_t i = 0; i < raw.size(); i += 3) raw[i] *= 1e4f;  // sums whose order matters
+        typename P::f32v v[P::lanes];
+        for (int k = 0; k < P::lanes; ++k) v[k] = P::load(raw.data() + k * P::lanes);
+        float each[P::lanes];
+        P::reduce_each(v, each);
+        for (int k = 0; k < P::lanes; ++k) {
+            const float one = P::reduce(v[k]);
+            CHECK(std::memcmp(&each[k], &one, 4) == 0);
+        }
+    }
+    for (std::int64_t hd : {16, 48, 64, 72, 128, 256}) {
+        for (std::int64_t G : {1, 2, 3, 5, 8, 11}) {
+            for (int layout = 0; layout < 3; ++layout) {
+                CAPTURE(hd);
+                CAPTURE(G);
+                CAPTURE(layout);
+                // Runs as the cache makes them: pages of 32 keys (F16 or F32), a strided row layout
+                // (several KV heads side by side), then for layout 2 a preview block of fresh F32 rows.
+                const std::int64_t stride = hd * 3, lens[] = {32, 32, 17, 1, 32, 9};
+                std::vector<std::vector<quant::f16_bits>> kh, vh;
+                std::vector<std::vector<float>> kf, vf;
+                std::vector<cd::kv_run> runs;
+                std::uint64_t seed = 100 + std::uint64_t(hd * 31 + G * 7 + layout);
+                for (std::int64_t len : lens) {
+                    const bool f16 = layout != 1;
+                    const auto k = testutil::random_vec(std::size_t(len * stride), seed++), v = testutil::random_vec(std::size_t(len * stride), seed++);
+                    if (f16) {
+                        kh.emplace_back(k.size());
+                        vh.emplace_back(v.size());
+                        for (std::size_t i = 0; i < k.size(); ++i) {
+                            kh.back()[i] = quant::f32_to_f16(k[i] * 3.f);
+                            vh.back()[i] = quant::f32_to_f16(v[i]);
+                        }
+                        runs.push_back({kh.back().data() + hd, vh.back().data() + hd, stride, len, true});
+                    } else {
+                        kf.push_back(k);
+                        vf.push_back(v);
+                        runs.push_back({kf.back().data() + hd, vf.back().data() + hd, stride, len, false});
+                    }
+                }
+                if (layout == 2) {
+                    kf.push_back(testutil::random_vec(std::size_t(13 * stride), seed++));
+                    vf.push_back(testutil::random_vec(std::size_t(13 * stride), seed++));
+                    runs.push_back({kf.back().data(), vf.back().data(), stride, 13, false});
+                }
+                // (the inner vectors move when the outer ones grow; their buffers, which the runs point into, stay)
+                const auto q = testutil::random_vec(std::size_t(G * hd), seed++);
+                std::vector<float> fast(std::size_t(G * hd)), plain(std::size_t(G * hd)), p1, p2;
+                cd::attend_group(q.data(), G, runs, hd, 0.125f, fast.data(), p1);
+                cd::attend_group_ref(q.data(), G, runs, hd, 0.125f, plain.data(), p2);
+                CHECK(std::memcmp(fast.data(), plain.data(), fast.size() * 4) == 0);
+                // Keys split differently into runs: the same bits again (rows never depend on blocks).
+                std::vector<cd::kv_run> split;
+                for (const cd::kv_run& r : runs) {
+                    const std::size_t eb = r.f16 ? 2 : 4;
+                    const std::int64_t a = r.n / 3;
+                    if (a == 0) {
+                        split.push_back(r);
+                        continue;
+                    }
+                    split.push_back({r.k, r.v, r.stride, a, r.f16});
+                    split.push_back({static_cast<const std::byte*>(r.k) + std::size_t(a * r.stride) * eb,
+                                     static_cast<const std::byte*>(r.v) + std::size_t(a * r.stride) * eb, r.stride, r.n - a, r.f16});
+                }
+                std::vector<float> again(fast.size());
+                cd::attend_group(q.data(), G, split, hd, 0.125f, again.data(), p1);
+                CHECK(std::memcmp(again.data(), plain.data(), fast.size() * 4) == 0);
+            }
+        }
+    }
+}

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "clover/backend/concept.hpp"
+#include "clover/backend/cpu/attend.hpp"
 #include "clover/backend/cpu/rope.hpp"
 #include "clover/backend/cpu/state.hpp"
 #include "clover/backend/cpu/thread_pool.hpp"
@@ -62,61 +63,6 @@ inline void attn_prepare(thread_pool& pool, const batch& bt, state_pool& st, std
             }
         }
     });
-}
-
-// A run of key/value rows with a common stride, F32 or F16 bits.
-struct kv_run {
-    const void* k;
-    const void* v;
-    std::int64_t stride, n;
-    bool f16;
-};
-
-// The G query heads that share one KV head (GQA), over the keys of several runs, each head in
-// its own softmax: out[G, hd] from q[G, hd]. Keys and values are taken in order, one row at a
-// time for all G heads: a head's sums are exactly those of attending alone (the same dot and
-// axpy, positions 0..p in order, whatever the page layout or G), so a row computed in a batch
-// equals the row computed alone.
-//
-// Why the loop order (each key row used by all G heads while it is in L1, instead of one head
-// over all keys, then the next): with G = 8 (Clover-35B-A3B: 16 heads, 2 KV heads) a head at a
-// time streamed the KV rows of a long context from L3 eight times; prefill at 2,000–5,600 tokens
-// of context spent ~1 ms per token per 1,000 positions in attention (8-layer Q4_K_M file, Zen 4,
-// 2 threads), more than the expert products, so a cached turn of a conversation cost more per
-// token than the average uncached one (benchmarks/bench_server --conversation).
-inline void attend_group(const float* q, std::int64_t G, const std::vector<kv_run>& runs, std::int64_t hd, float scale, float* out,
-                         std::vector<float>& p) {
-    std::int64_t n = 0;
-    for (const kv_run& r : runs) n += r.n;
-    p.resize(std::size_t(G * n));  // [G, n] scores, then probabilities
-    std::int64_t j0 = 0;
-    for (const kv_run& r : runs) {
-        for (std::int64_t j = 0; j < r.n; ++j) {
-            if (r.f16) {
-                const auto* kj = static_cast<const quant::f16_bits*>(r.k) + j * r.stride;
-                for (std::int64_t g = 0; g < G; ++g) p[std::size_t(g * n + j0 + j)] = dot_f32_f16(q + g * hd, kj, hd) * scale;
-            } else {
-                const float* kj = static_cast<const float*>(r.k) + j * r.stride;
-                for (std::int64_t g = 0; g < G; ++g) p[std::size_t(g * n + j0 + j)] = dot_f32(q + g * hd, kj, hd) * scale;
-            }
-        }
-        j0 += r.n;
-    }
-    for (std::int64_t g = 0; g < G; ++g) math::softmax(p.data() + g * n, n);
-    for (std::int64_t i = 0; i < G * hd; ++i) out[i] = 0.f;
-    j0 = 0;
-    for (const kv_run& r : runs) {
-        for (std::int64_t j = 0; j < r.n; ++j) {
-            if (r.f16) {
-                const auto* vj = static_cast<const quant::f16_bits*>(r.v) + j * r.stride;
-                for (std::int64_t g = 0; g < G; ++g) axpy_f16(p[std::size_t(g * n + j0 + j)], vj, out + g * hd, hd);
-            } else {
-                const float* vj = static_cast<const float*>(r.v) + j * r.stride;
-                for (std::int64_t g = 0; g < G; ++g) axpy(p[std::size_t(g * n + j0 + j)], vj, out + g * hd, hd);
-            }
-        }
-        j0 += r.n;
-    }
 }
 
 // out[n, H*hd] = attention ⊙ sigmoid(gate). Commit/verify rows: causal over the cache [0, pos].
