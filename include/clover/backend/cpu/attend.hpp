@@ -73,7 +73,9 @@ namespace attend_detail {
 // The loops over register arrays (acc[KU][NA], acc[GB][W]) must be unrolled for the arrays to
 // live in registers; -O3 does it, -O2 did not (the accumulators went to the stack: the fast form
 // ran at 0.7x the twin).
-#if defined(__clang__)
+#if defined(__CUDACC__)  // nvcc's front end warns on "GCC unroll"; its host pass is -O3 anyway
+#define CLOVER_UNROLL
+#elif defined(__clang__)
 #define CLOVER_UNROLL _Pragma("unroll")
 #elif defined(__GNUC__)
 #define CLOVER_UNROLL _Pragma("GCC unroll 16")
