@@ -26,9 +26,7 @@
 
 #include "../common/test_util.hpp"
 
-#ifndef SERVER_TEST_TAG
-#define SERVER_TEST_TAG "main"  // test executables running at once write their own model file
-#endif
+#include <cstdlib>
 
 namespace server_test {
 
@@ -38,12 +36,19 @@ using json = server::json;
 
 using rt_model = model<variants::from_file, backend::cpu>;
 
+// The server suites run at once as several processes of one executable (tests/server/CMakeLists.txt):
+// each writes its own model files, named by the tag its ctest entry sets.
+inline std::string test_tag() {
+    const char* t = std::getenv("CLOVER_SERVER_TEST_TAG");
+    return t && *t ? t : "main";
+}
+
 inline const std::string& model_path() {
     static const std::string p = [] {
         auto s = synth::preset("tiny");
         s.arch = "clover_moe";
         s.rope_theta = 100.f;
-        return testutil::synth_file(std::string("server_tiny_") + SERVER_TEST_TAG + ".gguf", s);
+        return testutil::synth_file("server_tiny_" + test_tag() + ".gguf", s);
     }();
     return p;
 }

@@ -95,7 +95,7 @@ TEST_CASE("hostile: a model whose vocabulary is larger than its tokenizer's: che
         auto s = synth::preset("tiny");
         s.arch = "clover_moe";
         s.n_vocab = 600;
-        return testutil::synth_file(std::string("server_big_vocab_") + SERVER_TEST_TAG + ".gguf", s);
+        return testutil::synth_file("server_big_vocab_" + server_test::test_tag() + ".gguf", s);
     }();
     rt_model big{load(big_path), backend::cpu_options{2}};
     const tokenizer big_tok = tokenizer::from_gguf(big_path);
