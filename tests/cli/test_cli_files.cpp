@@ -22,17 +22,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct result {
+struct files_result {
     int status = -1;  // exit code, or -signal
     std::string err;
 };
 
-result run(const std::string& args, int timeout_s = 60) {
+files_result run_files(const std::string& args, int timeout_s = 60) {
     const std::string err_path = testutil::tmp("cli_files_err.txt");
     const std::string cmd = "timeout " + std::to_string(timeout_s) + " " + std::string(CLOVER_CLI) + " " + args + " >/dev/null 2>" +
                             err_path + " </dev/null";
     const int st = std::system(cmd.c_str());
-    result r;
+    files_result r;
     r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
     r.err = hostile::slurp(err_path);
     return r;
@@ -41,7 +41,7 @@ result run(const std::string& args, int timeout_s = 60) {
 // One "error:" line naming `needle`, a non-zero status, no timeout.
 void expect_refused(const std::string& args, const std::string& needle, int timeout_s = 60) {
     CAPTURE(args);
-    const result r = run(args, timeout_s);
+    const files_result r = run_files(args, timeout_s);
     CAPTURE(r.err);
     CHECK(r.status > 0);
     CHECK(r.status != 124);
@@ -77,7 +77,7 @@ TEST_CASE("gguf patch: an input named OUT.partial is not truncated; output = inp
     fs::copy_file(clover_synth("cli_patch_src.gguf"), dir / "X.gguf.partial");
     const std::string in = (dir / "X.gguf.partial").string(), out = (dir / "X.gguf").string();
     const std::string original = hostile::slurp(in);
-    const result r = run("gguf patch " + in + " " + out);
+    const files_result r = run_files("gguf patch " + in + " " + out);
     CAPTURE(r.err);
     CHECK(r.status == 0);
     CHECK(hostile::slurp(in) == original);
@@ -115,7 +115,7 @@ TEST_CASE("convert -o onto a file of the HF folder is refused; the folder is unt
     CHECK(snapshot(hf) == before);
     CHECK(fs::is_symlink(dir / "shard_link.gguf"));
     // Converting into the folder under a new name adds that file only.
-    CHECK(run("convert " + hf.string() + " -o " + (hf / "out.gguf").string()).status == 0);
+    CHECK(run_files("convert " + hf.string() + " -o " + (hf / "out.gguf").string()).status == 0);
     auto after = snapshot(hf);
     CHECK(after.erase("out.gguf") == 1);
     CHECK(after == before);
@@ -147,7 +147,7 @@ TEST_CASE("logits -o onto the model (or the ids file) is refused; a good run rep
     hostile::write_text(out, "old contents");
     const ino_t old_inode = hostile::inode_of(out);
     fs::create_hard_link(out, dir / "old_link.f32");  // keeps the old inode alive, so it cannot be reused
-    CHECK(run("logits" + m + " --ids 1,2,3 -o " + out.string()).status == 0);
+    CHECK(run_files("logits" + m + " --ids 1,2,3 -o " + out.string()).status == 0);
     CHECK(fs::file_size(out) == 3 * 512 * sizeof(float));
     CHECK(hostile::inode_of(out) != old_inode);
     CHECK(hostile::slurp(dir / "old_link.f32") == "old contents");

@@ -14,7 +14,7 @@
 
 namespace {
 
-clitest::result run(const std::string& args) { return clitest::run(args, 120, "cli_par_err.txt"); }
+clitest::result run_par(const std::string& args) { return clitest::run(args, 120, "cli_par_err.txt"); }
 
 std::vector<std::string> lines(const std::string& s) {
     std::vector<std::string> v;
@@ -37,25 +37,25 @@ TEST_CASE("generate --parallel: one line per prompt in input order, equal to eac
     for (const char* dec : {"ar", "diffusion", "speculative"}) {
         CAPTURE(dec);
         const std::string common = " -m " + model + " -n 12 --greedy --ignore-eos -t 2 --decoder " + dec;
-        auto par = run("generate --ids-file " + file + " --parallel 3" + common);
+        auto par = run_par("generate --ids-file " + file + " --parallel 3" + common);
         REQUIRE(par.status == 0);
         const auto got = lines(par.out);
         REQUIRE(got.size() == prompts.size());
         for (std::size_t i = 0; i < prompts.size(); ++i) {
             CAPTURE(i);
-            auto one = run("generate --ids " + prompts[i] + common);
+            auto one = run_par("generate --ids " + prompts[i] + common);
             REQUIRE(one.status == 0);
             CHECK(lines(one.out).at(0) == got[i]);
         }
         CHECK(par.err.find("\"parallel\": 3") != std::string::npos);
     }
-    auto bad = run("generate --ids 1,2 --parallel 2 -m " + model);
+    auto bad = run_par("generate --ids 1,2 --parallel 2 -m " + model);
     CHECK(bad.status != 0);
     CHECK(bad.err.find("--ids-file") != std::string::npos);
 }
 
 TEST_CASE("bench --trace: one JSON line per pass kind, one read-back each; bench --parallel names tg<n>x<N>") {
-    auto t = run("bench --trace --parallel 2 -t 2 -m " + model);
+    auto t = run_par("bench --trace --parallel 2 -t 2 -m " + model);
     REQUIRE(t.status == 0);
     const auto l = lines(t.out);
     REQUIRE(l.size() == 4);
@@ -67,7 +67,7 @@ TEST_CASE("bench --trace: one JSON line per pass kind, one read-back each; bench
         CHECK(l[std::size_t(i)].find("\"passes\":1") != std::string::npos);
         CHECK(l[std::size_t(i)].find("\"primitives_per_layer\":") != std::string::npos);
     }
-    auto b = run("bench -p 0 -n 4 -r 1 --parallel 3 --json -t 2 -m " + model);
+    auto b = run_par("bench -p 0 -n 4 -r 1 --parallel 3 --json -t 2 -m " + model);
     REQUIRE(b.status == 0);
     CHECK(b.out.find("\"test\":\"tg4x3\"") != std::string::npos);
     CHECK(b.out.find("\"parallel\":3") != std::string::npos);

@@ -47,6 +47,16 @@ inline clover::synth::spec odd_spec() {
     return s;
 }
 
+// The odd shapes with rope sections HF can express (three streams covering every slot), for the
+// HF folder tests.
+inline clover::synth::spec hf_odd_spec(const std::string& arch, clover::dtype t = clover::dtype::f32) {
+    clover::synth::spec s = odd_spec();
+    s.arch = arch;
+    s.sections = {2, 1, 1, 0};
+    s.type = t;
+    return s;
+}
+
 // An odd-shaped block-diffusion model (clover_moe).
 inline clover::synth::spec clover_odd_spec() {
     auto s = odd_spec();

@@ -15,7 +15,6 @@ namespace {
 using rt_model = model<variants::from_file, backend::cpu>;
 using any_decoder = std::variant<decode::ar, decode::low_confidence, decode::self_speculative>;
 
-std::vector<token> ids(std::int64_t n, std::int64_t vocab, std::uint64_t seed) { return testutil::random_ids(n, vocab, seed); }
 
 }  // namespace
 
@@ -30,7 +29,7 @@ TEST_CASE("generate_many: mixed decoders together equal each alone (exact mode),
     std::vector<decode::generate_options> opts(N);
     std::vector<any_decoder> decs;
     for (int i = 0; i < N; ++i) {
-        prompts.push_back(ids(3 + 5 * i, 500, 40 + i));
+        prompts.push_back(testutil::random_ids(3 + 5 * i, 500, 40 + i));
         opts[std::size_t(i)].max_tokens = 9 + 4 * i;
         opts[std::size_t(i)].ignore_eos = true;
         if (i % 3 == 0) decs.emplace_back(decode::ar{});

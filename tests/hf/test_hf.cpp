@@ -43,15 +43,6 @@ float rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
     return testutil::max_abs_diff(a.data(), b.data(), a.size()) / testutil::max_abs(b);
 }
 
-// The odd shapes, with rope sections HF can express (three streams covering every slot).
-synth::spec hf_odd(const std::string& arch, dtype t = dtype::f32) {
-    synth::spec s = testutil::odd_spec();
-    s.arch = arch;
-    s.sections = {2, 1, 1, 0};
-    s.type = t;
-    return s;
-}
-
 // A comparable rendering of a metadata value (type and contents).
 std::string show(const io::gguf_value& v) {
     std::string s(io::gguf_type_name(v.type));
@@ -116,7 +107,7 @@ TEST_CASE("load_hf: the HF folder gives the GGUF's logits (F32; layouts, shards,
     };
     for (const auto& c : cases) {
         CAPTURE(c.name);
-        const auto gguf = testutil::synth_file("hf_" + c.arch + ".gguf", hf_odd(c.arch));
+        const auto gguf = testutil::synth_file("hf_" + c.arch + ".gguf", testutil::hf_odd_spec(c.arch));
         const fs::path dir = testutil::tmp(std::string("hf_dir_") + c.arch + std::to_string(c.o.shards));
         hftest::make_hf_folder(gguf, dir, c.o);
         auto hf = load_hf(dir);
@@ -136,7 +127,7 @@ TEST_CASE("load_hf: the HF folder gives the GGUF's logits (F32; layouts, shards,
 }
 
 TEST_CASE("load_hf: matrices are views into the mapped shards; experts stacked or viewed") {
-    const auto gguf = testutil::synth_file("hf_qwen35moe.gguf", hf_odd("qwen35moe"));
+    const auto gguf = testutil::synth_file("hf_qwen35moe.gguf", testutil::hf_odd_spec("qwen35moe"));
     const fs::path dir = testutil::tmp("hf_views");
     hftest::make_hf_folder(gguf, dir, {.shards = 1});
     auto hf = load_hf(dir);
@@ -155,7 +146,7 @@ TEST_CASE("load_hf: matrices are views into the mapped shards; experts stacked o
 }
 
 TEST_CASE("load_hf: BF16 checkpoints give the BF16 GGUF's logits") {
-    const auto gguf = testutil::synth_file("hf_clover_bf16.gguf", hf_odd("clover_moe", dtype::bf16));
+    const auto gguf = testutil::synth_file("hf_clover_bf16.gguf", testutil::hf_odd_spec("clover_moe", dtype::bf16));
     const auto ids = ids_for(300, 30, 12);
     const auto want = logits_of(load(gguf), ids);
     // Matrices BF16 as in the GGUF, small tensors F32: the same numbers (bit-equal logits at
@@ -180,7 +171,7 @@ TEST_CASE("load_hf: BF16 checkpoints give the BF16 GGUF's logits") {
 TEST_CASE("convert: HF → canonical GGUF equals the synthesized file, tensor by tensor") {
     for (std::string arch : {"qwen35moe", "clover_moe"}) {
         CAPTURE(arch);
-        const auto gguf = testutil::synth_file("hf_" + arch + ".gguf", hf_odd(arch));
+        const auto gguf = testutil::synth_file("hf_" + arch + ".gguf", testutil::hf_odd_spec(arch));
         const fs::path dir = testutil::tmp("hf_conv_" + arch);
         hftest::make_hf_folder(gguf, dir, {.packed = arch == "qwen35moe"});
         const auto out = testutil::tmp("hf_conv_" + arch + ".gguf");
@@ -378,7 +369,7 @@ TEST_CASE("hand-written folder: each transformation on known numbers") {
 }
 
 TEST_CASE("malformed config.json: one clear error naming the file and field") {
-    const auto gguf = testutil::synth_file("hf_qwen35moe.gguf", hf_odd("qwen35moe"));
+    const auto gguf = testutil::synth_file("hf_qwen35moe.gguf", testutil::hf_odd_spec("qwen35moe"));
     const fs::path good = testutil::tmp("hf_cfg_good");
     hftest::make_hf_folder(gguf, good, {.shards = 1, .tokenizer = false});
     const std::string cfg = slurp(good / "config.json");
@@ -425,7 +416,7 @@ TEST_CASE("malformed config.json: one clear error naming the file and field") {
 }
 
 TEST_CASE("malformed folders: missing shard or tensor, wrong dtype or shape, bad index") {
-    const auto gguf = testutil::synth_file("hf_qwen35moe.gguf", hf_odd("qwen35moe"));
+    const auto gguf = testutil::synth_file("hf_qwen35moe.gguf", testutil::hf_odd_spec("qwen35moe"));
     const fs::path good = testutil::tmp("hf_fold_good");
     hftest::make_hf_folder(gguf, good, {.shards = 2, .tokenizer = false});
     const std::string shard2 = "model-00002-of-00002.safetensors";
@@ -521,7 +512,7 @@ TEST_CASE("the clover command: -m FOLDER, convert, gguf info and patch") {
         if (out) *out = slurp(log);
         return WEXITSTATUS(rc);
     };
-    const auto gguf = testutil::synth_file("hf_clover_moe.gguf", hf_odd("clover_moe"));
+    const auto gguf = testutil::synth_file("hf_clover_moe.gguf", testutil::hf_odd_spec("clover_moe"));
     const fs::path dir = testutil::tmp("hf_cli");
     hftest::make_hf_folder(gguf, dir);
     const auto out = testutil::tmp("hf_cli.gguf");

@@ -18,20 +18,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-synth::spec hf_odd(const std::string& arch) {
-    synth::spec s = testutil::odd_spec();
-    s.arch = arch;
-    s.sections = {2, 1, 1, 0};
-    return s;
-}
-
 const std::string shard1 = "model-00001-of-00002.safetensors";
 const std::string shard2 = "model-00002-of-00002.safetensors";
 
 // A fresh copy of a good two-shard folder (with tokenizer) under `name`.
 fs::path fresh(const std::string& name) {
     static const fs::path good = [] {
-        const auto gguf = testutil::synth_file("hostile_hf.gguf", hf_odd("clover_moe"));
+        const auto gguf = testutil::synth_file("hostile_hf.gguf", testutil::hf_odd_spec("clover_moe"));
         const fs::path d = testutil::tmp("hostile_hf_good");
         hftest::make_hf_folder(gguf, d, {.shards = 2});
         return d;

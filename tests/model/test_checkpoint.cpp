@@ -16,7 +16,7 @@ namespace {
 
 using rt_model = model<variants::from_file, backend::cpu>;
 
-std::vector<token> ids(std::int64_t n, std::uint64_t seed) { return testutil::random_ids(n, 290, seed); }
+std::vector<token> ids_290(std::int64_t n, std::uint64_t seed) { return testutil::random_ids(n, 290, seed); }
 
 // Commits `t` in the given chunk lengths (exact mode); the last chunk's last row's logits.
 std::vector<float> commit_chunks(rt_model& m, session& s, const std::vector<token>& t, std::initializer_list<std::int64_t> chunks) {
@@ -43,7 +43,7 @@ TEST_CASE("restore to a page-boundary checkpoint, then continue: equals a sessio
     REQUIRE(P == 32);
     for (bool f16 : {false, true}) {
         CAPTURE(f16);
-        const auto prefix = ids(2 * P, 1), tail_a = ids(21, 2), tail_b = ids(13, 3);
+        const auto prefix = ids_290(2 * P, 1), tail_a = ids_290(21, 2), tail_b = ids_290(13, 3);
         auto s = m.new_session({.ctx = 4 * P, .kv_f16 = f16});
         std::vector<float> lg;
         m.commit(s, std::span(prefix).first(std::size_t(P)), logits_rows::none, lg, true);
@@ -84,7 +84,7 @@ TEST_CASE("restore to a page-boundary checkpoint, then continue: equals a sessio
 TEST_CASE("a checkpoint at the end of a message (not a page boundary) works the same way") {
     const std::string path = testutil::synth_file("ck_odd.gguf", testutil::clover_odd_spec());
     rt_model m(load(path), {2});
-    const auto turn1 = ids(37, 31), reply = ids(9, 32), edited = ids(11, 33);
+    const auto turn1 = ids_290(37, 31), reply = ids_290(9, 32), edited = ids_290(11, 33);
     auto s = m.new_session({.ctx = 96});
     std::vector<float> lg;
     m.commit(s, turn1, logits_rows::none, lg, true);
@@ -104,7 +104,7 @@ TEST_CASE("copy_prefix: a new session starts from another's checkpointed prefix 
     const std::string path = testutil::synth_file("ck_odd.gguf", testutil::clover_odd_spec());
     rt_model m(load(path), {2});
     const std::int64_t P = m.page_size();
-    const auto prompt = ids(P + 9, 11), question = ids(7, 12);
+    const auto prompt = ids_290(P + 9, 11), question = ids_290(7, 12);
     auto shared = m.new_session({.ctx = 3 * P});
     std::vector<float> lg;
     m.commit(shared, std::span(prompt).first(std::size_t(P)), logits_rows::none, lg, true);
@@ -138,7 +138,7 @@ TEST_CASE("checkpoint misuse is one clear error and leaves the session as it was
     const std::int64_t P = m.page_size();
     auto s = m.new_session({.ctx = 2 * P});
     std::vector<float> lg;
-    const auto t = ids(P + 5, 21);
+    const auto t = ids_290(P + 5, 21);
     m.commit(s, std::span(t).first(std::size_t(P)), logits_rows::none, lg, true);
     m.checkpoint(s);
     m.commit(s, std::span(t).subspan(std::size_t(P)), logits_rows::none, lg, true);
@@ -167,7 +167,7 @@ TEST_CASE("a session keeps the newest checkpoints; truncation and rollback drop 
     auto s = m.new_session({.ctx = 11 * P});
     std::vector<float> lg;
     for (int k = 0; k < 10; ++k) {
-        m.commit(s, ids(P, 40 + k), logits_rows::none, lg);
+        m.commit(s, ids_290(P, 40 + k), logits_rows::none, lg);
         m.checkpoint(s);
     }
     const auto cps = m.checkpoints(s);
@@ -176,7 +176,7 @@ TEST_CASE("a session keeps the newest checkpoints; truncation and rollback drop 
     CHECK(cps.back() == 10 * P);
     CHECK_THROWS_WITH_AS(m.restore(s, P), doctest::Contains("no GDN checkpoint at position 32"), error);
     // A checkpoint saved after a verify pass is dropped when the rollback takes its rows back.
-    m.verify(s, ids(P, 60), lg);
+    m.verify(s, ids_290(P, 60), lg);
     m.checkpoint(s);
     CHECK(m.checkpoints(s).back() == 11 * P);
     m.rollback(s, 3);
