@@ -259,6 +259,40 @@ TEST_CASE("vec_ops: dot, axpy, acc_rows, acc_rows2, scale_add equal plain loops 
     }
 }
 
+TEST_CASE("attention softmax: the vector form equals the plain definition bit for bit; exp within an ulp; close to math::softmax") {
+    namespace cd = backend::cpu_detail;
+    double worst_exp = 0;
+    for (int k = 0; k <= 100000; ++k) {
+        const float x = -87.f * float(k) / 100000.f;
+        const double e = std::exp(double(x));
+        worst_exp = std::max(worst_exp, std::fabs(double(cd::softmax_detail::exp_one(x)) - e) / e);
+    }
+    MESSAGE("exp: max relative error " << worst_exp);
+    CHECK(worst_exp < 1.2e-7);  // about one ulp
+    CHECK(cd::softmax_detail::exp_one(0.f) == 1.f);
+    CHECK(cd::softmax_detail::exp_one(-1e30f) < 1.3e-38f);
+    std::uint64_t seed = 500;
+    for (std::int64_t n : {1, 2, 7, 15, 16, 17, 31, 32, 33, 100, 517, 3001}) {
+        for (float spread : {0.01f, 3.f, 60.f}) {
+            CAPTURE(n);
+            CAPTURE(spread);
+            const auto a = testutil::random_vec(std::size_t(n), seed++, -spread, spread);
+            auto plain = a, rows = a, ref = a;
+            cd::softmax_plain(plain.data(), n);
+            cd::softmax_rows(rows.data(), n);
+            CHECK(std::memcmp(plain.data(), rows.data(), std::size_t(n) * 4) == 0);
+            math::softmax(ref.data(), n);
+            double worst = 0, sum = 0;
+            for (std::int64_t i = 0; i < n; ++i) {
+                sum += plain[i];
+                if (ref[i] > 1e-30f) worst = std::max(worst, std::fabs(double(plain[i]) - ref[i]) / ref[i]);
+            }
+            CHECK(worst < 1e-6);
+            CHECK(sum == doctest::Approx(1.0).epsilon(1e-6));
+        }
+    }
+}
+
 TEST_CASE("attend_group equals its plain twin bit for bit (GQA groups, F16/F32 runs, odd key counts, every head size)") {
     namespace cd = backend::cpu_detail;
     // reduce_each is reduce() of each vector, in the same pairs of lanes.

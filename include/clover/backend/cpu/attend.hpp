@@ -1,9 +1,9 @@
 #pragma once
 // Attention of the G query heads that share one KV head (GQA) over key/value runs: the kernel of
 // backend::cpu's attention primitive. `attend_group` is the fast form; `attend_group_ref` is its
-// plain twin (per key and head: dot_f32 / dot_f32_f16, softmax, axpy), and the two give the same
-// bits (tests/layers, test_attend.cpp) — so the scores of a row never depend on G, on how the
-// keys fall into runs and blocks, or on the other rows of a batch.
+// plain twin (per key and head: dot_f32 / dot_f32_f16, softmax_plain, axpy), and the two give
+// the same bits (tests/quant/test_fused.cpp) — so the scores of a row never depend on G, on how
+// the keys fall into runs and blocks, or on the other rows of a batch.
 //
 // Why a second form: per key and head the twin converts the F16 key and value rows again (G = 8
 // for Clover-35B-A3B) and reduces each dot product across lanes on its own (~7 shuffles and
@@ -11,14 +11,16 @@
 // bundled model (perf, bench_server --conversation) and ~1 ms per token per 1,000 positions on
 // the 8-layer 35B-A3B file. Here each block of P::lanes keys is converted once for all G heads,
 // the block's dot products are reduced together (P::reduce_each: the same pairs of lanes), and
-// the values are accumulated in registers over all keys for up to 8 heads at a time.
+// the values are accumulated in registers over all keys for up to 8 heads at a time; the
+// softmax is softmax.hpp's vector form. Measured (bench_kernels --attention, one Zen 4 thread,
+// one query row): 1.4–1.95x the twin before the softmax change; see the README for after.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "clover/backend/cpu/simd.hpp"
+#include "clover/backend/cpu/softmax.hpp"
 #include "clover/backend/cpu/vec_ops.hpp"
-#include "clover/core/math.hpp"
 #include "clover/quant/half.hpp"
 
 namespace clover::backend::cpu_detail {
@@ -51,7 +53,7 @@ inline void attend_group_ref(const float* q, std::int64_t G, const std::vector<k
         }
         j0 += r.n;
     }
-    for (std::int64_t g = 0; g < G; ++g) math::softmax(p.data() + g * n, n);
+    for (std::int64_t g = 0; g < G; ++g) softmax_plain(p.data() + g * n, n);
     for (std::int64_t i = 0; i < G * hd; ++i) out[i] = 0.f;
     j0 = 0;
     for (const kv_run& r : runs) {
@@ -215,7 +217,7 @@ inline void attend_group(const float* q, std::int64_t G, const std::vector<kv_ru
         }
         j0 += r.n;
     }
-    for (std::int64_t g = 0; g < G; ++g) math::softmax(p.data() + g * n, n);
+    for (std::int64_t g = 0; g < G; ++g) softmax_rows(p.data() + g * n, n);
     for (std::int64_t g = 0; g < G;) {
         const float* pg = p.data() + g * n;
         float* og = out + g * hd;
