@@ -431,6 +431,19 @@ TEST_CASE("malformed folders: missing shard or tensor, wrong dtype or shape, bad
         fs::remove(dir / shard2);
         expect_hf_error(dir, shard2 + ": shard listed in model.safetensors.index.json is missing");
     }
+    {  // a shard name the file system refuses (longer than NAME_MAX): one clover::error, no escape
+        auto dir = fresh();
+        const fs::path index = dir / "model.safetensors.index.json";
+        std::string text;
+        {
+            std::ifstream in(index);
+            text.assign(std::istreambuf_iterator<char>(in), {});
+        }
+        const std::string long_name = std::string(300, 'x') + ".safetensors";
+        for (std::size_t at; (at = text.find(shard2)) != std::string::npos;) text.replace(at, shard2.size(), long_name);
+        std::ofstream(index, std::ios::trunc) << text;
+        expect_hf_error(dir, "shard listed in model.safetensors.index.json cannot be looked up");
+    }
     {
         auto dir = fresh();
         edit_shard(dir / shard2, [](auto& es) { es.erase(es.begin()); });

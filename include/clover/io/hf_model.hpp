@@ -209,7 +209,12 @@ inline void open_shards(hf_folder& f, std::map<std::string, located, std::less<>
     std::map<std::string, std::size_t> shard_of;
     for (const auto& name : files) {
         const fs::path p = f.dir / name;
-        if (!fs::exists(p)) fail(p.string(), ": shard listed in model.safetensors.index.json is missing");
+        // The error_code form: a name the file system refuses (e.g. longer than NAME_MAX) is a
+        // bad index, one clover::error, not a filesystem_error escaping (fuzz_hf_index found it).
+        std::error_code ec;
+        const bool there = fs::exists(p, ec);
+        if (ec) fail(p.string(), ": shard listed in model.safetensors.index.json cannot be looked up (", ec.message(), ")");
+        if (!there) fail(p.string(), ": shard listed in model.safetensors.index.json is missing");
         require_inside(f.dir, p);
         shard_of[name] = f.shards.size();
         f.shards.push_back(std::make_unique<io::safetensors_file>(p));
