@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "clover/backend/cuda/quant_dot.cuh"
 #include "clover/backend/cuda/runtime.cuh"
 #include "clover/core/dtype.hpp"
 #include "clover/quant/rows.hpp"
@@ -26,7 +27,7 @@ namespace clover::backend::cuda_detail {
 
 inline constexpr int mm_rows = 4;           // R: activation rows per tile
 inline constexpr int mm_warps = 8;          // output features per CUDA block (one per warp)
-inline constexpr std::size_t q8_0_bytes = 34, q8_k_bytes = 292;
+
 
 // ---- activation quantization ------------------------------------------------------------------
 
@@ -113,101 +114,6 @@ inline void quantize_activations(dtype at, const float* x, void* y, std::int64_t
     check_launch("quantize_activations");
 }
 
-// ---- per-format items -------------------------------------------------------------------------
-// items<T>(K): how many items a row of K elements has; item_dot<T, R>: adds item `it` of weight
-// row w times the R activation rows x[r] into acc[r] (r < nr).
-
-template <dtype T>
-__host__ __device__ constexpr std::int64_t items(std::int64_t K) {
-    if constexpr (T == dtype::q8_0) return K / 32;
-    else if constexpr (T == dtype::q4_k || T == dtype::q5_k) return K / 256 * 8;
-    else if constexpr (T == dtype::q6_k) return K / 256 * 16;
-    else return K;
-}
-
-// The (scale, min) of sub-block j from the 12 packed bytes (quant::unpack_scales_k4).
-__device__ inline void scale_min_k4(const std::uint8_t* b, int j, int& sc, int& m) {
-    if (j < 4) {
-        sc = b[j] & 63;
-        m = b[j + 4] & 63;
-    } else {
-        sc = (b[j + 4] & 15) | ((b[j - 4] >> 6) << 4);
-        m = (b[j + 4] >> 4) | ((b[j] >> 6) << 4);
-    }
-}
-
-template <dtype T, int R>
-__device__ inline void item_dot(const std::uint8_t* w, const std::uint8_t* const* x, std::int64_t it, float* acc, int nr) {
-    if constexpr (T == dtype::f32) {
-        const float wv = reinterpret_cast<const float*>(w)[it];
-        for (int r = 0; r < R; ++r)
-            if (r < nr) acc[r] = fmaf(wv, reinterpret_cast<const float*>(x[r])[it], acc[r]);
-    } else if constexpr (T == dtype::f16 || T == dtype::bf16) {
-        auto cvt = [](std::uint16_t h) { return T == dtype::f16 ? f16_to_f32(h) : bf16_to_f32(h); };
-        const float wv = cvt(reinterpret_cast<const std::uint16_t*>(w)[it]);
-        for (int r = 0; r < R; ++r)
-            if (r < nr) acc[r] = fmaf(wv, cvt(reinterpret_cast<const std::uint16_t*>(x[r])[it]), acc[r]);
-    } else if constexpr (T == dtype::q8_0) {
-        // Byte loads: blocks are 34 bytes, so the int8 run is only 2-byte aligned (no dp4a loads).
-        const std::uint8_t* wb = w + it * q8_0_bytes;
-        const float dw = f16_to_f32(load_u16(wb));
-        int q[32];
-        for (int i = 0; i < 32; ++i) q[i] = std::int8_t(wb[2 + i]);
-        for (int r = 0; r < R; ++r) {
-            if (r >= nr) continue;
-            const std::uint8_t* xb = x[r] + it * q8_0_bytes;
-            int s = 0;
-            for (int i = 0; i < 32; ++i) s += q[i] * int(std::int8_t(xb[2 + i]));
-            acc[r] += float(s) * (dw * f16_to_f32(load_u16(xb)));
-        }
-    } else if constexpr (T == dtype::q4_k || T == dtype::q5_k) {
-        constexpr std::size_t bb = T == dtype::q4_k ? 144 : 176;
-        const std::int64_t b = it / 8;
-        const int j = int(it % 8);
-        const std::uint8_t* wb = w + b * bb;
-        const float d = f16_to_f32(load_u16(wb)), dmin = f16_to_f32(load_u16(wb + 2));
-        int sc, m;
-        scale_min_k4(wb + 4, j, sc, m);
-        const std::uint8_t* qs = wb + (T == dtype::q4_k ? 16 : 48) + 32 * (j / 2);
-        int q[32];
-        for (int l = 0; l < 32; ++l) {
-            q[l] = j % 2 == 0 ? (qs[l] & 15) : (qs[l] >> 4);
-            if constexpr (T == dtype::q5_k) q[l] |= ((wb[16 + l] >> j) & 1) << 4;
-        }
-        for (int r = 0; r < R; ++r) {
-            if (r >= nr) continue;
-            const std::uint8_t* ab = x[r] + b * q8_k_bytes;
-            const auto* aq = reinterpret_cast<const std::int8_t*>(ab + 4) + 32 * j;
-            const auto* bs = reinterpret_cast<const std::int16_t*>(ab + 260);
-            int dot = 0;
-            for (int l = 0; l < 32; ++l) dot += q[l] * int(aq[l]);
-            const int msum = int(bs[2 * j]) + int(bs[2 * j + 1]);
-            acc[r] += load_f32(ab) * (d * float(sc * dot) - dmin * float(m * msum));
-        }
-    } else if constexpr (T == dtype::q6_k) {
-        const std::int64_t b = it / 16;
-        const int g = int(it % 16);
-        const std::uint8_t* wb = w + b * 210;
-        const float d = f16_to_f32(load_u16(wb + 208));
-        const int sc = std::int8_t(wb[192 + g]);
-        int q[16];
-        for (int e = 0; e < 16; ++e) {  // quant::q6_k_code for element 16g + e
-            const int i = 16 * g + e, h = i / 128, rr = i % 128, k = rr / 32, l = rr % 32;
-            const std::uint8_t lo = wb[64 * h + (k & 1) * 32 + l];
-            const int low = k < 2 ? (lo & 15) : (lo >> 4);
-            q[e] = (low | (((wb[128 + 32 * h + l] >> (2 * k)) & 3) << 4)) - 32;
-        }
-        for (int r = 0; r < R; ++r) {
-            if (r >= nr) continue;
-            const std::uint8_t* ab = x[r] + b * q8_k_bytes;
-            const auto* aq = reinterpret_cast<const std::int8_t*>(ab + 4) + 16 * g;
-            int dot = 0;
-            for (int e = 0; e < 16; ++e) dot += q[e] * int(aq[e]);
-            acc[r] += load_f32(ab) * d * float(sc * dot);
-        }
-    }
-}
-
 // ---- the product kernel -----------------------------------------------------------------------
 
 // A tile: rows [p0, p1) of the output that share matrix `mat` (p1 - p0 <= mm_rows).
@@ -283,6 +189,14 @@ inline void launch_mm(dtype t, mm_args a, std::int64_t n_tiles, cudaStream_t s) 
     if (n_tiles <= 0 || a.N == 0) return;
     if (a.n > std::int64_t(INT_MAX) || n_tiles > std::int64_t(INT_MAX))
         fail("cuda: kernel mm_kernel: ", a.n, " rows in ", n_tiles, " tiles exceed the int row index (", INT_MAX, ")");
+    // item_dot reads codes as 32-bit words (quant_dot.cuh); every block size keeps the alignment
+    // of a row's start, so the bases and strides decide it for every row.
+    const std::size_t wa = weight_align(t), xa = activation_align(t);
+    const auto addr = [](const void* p) { return std::size_t(reinterpret_cast<std::uintptr_t>(p)); };
+    if ((addr(a.w) | a.row_bytes | a.mat_bytes) % wa != 0 || (addr(a.x) | a.x_row_bytes) % xa != 0)
+        fail("cuda: kernel mm_kernel: ", dtype_name(t), " products need weight rows aligned to ", wa,
+             " bytes and activation rows to ", xa, " (got weights at ", addr(a.w) % 16, " mod 16, row stride ", a.row_bytes,
+             "; activations at ", addr(a.x) % 16, " mod 16, row stride ", a.x_row_bytes, ")");
     const unsigned gx = blocks_for("mm_kernel", a.N, mm_warps);
     for (std::int64_t t0 = 0; t0 < n_tiles; t0 += max_grid_yz) {
         a.tile0 = t0;

@@ -6,11 +6,13 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
 
 #include "clover/core/error.hpp"
+#include "clover/quant/half.hpp"
 
 #define CLOVER_CUDA_CHECK(expr) ::clover::backend::cuda_detail::check((expr), #expr, __FILE__, __LINE__)
 
@@ -190,10 +192,24 @@ __device__ inline float warp_max(float v) {
     return v;
 }
 
-__device__ inline float f16_to_f32(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }
+// The decoders below are __host__ __device__: the per-format dot products (quant_dot.cuh) run on
+// the host too, in tests that need no GPU; the host side is quant/half.hpp's bit-exact rule.
+__host__ __device__ inline float f16_to_f32(std::uint16_t h) {
+#ifdef __CUDA_ARCH__
+    return __half2float(__ushort_as_half(h));
+#else
+    return quant::f16_to_f32(h);
+#endif
+}
 // Round to nearest even with overflow to inf: the same rule as quant::f32_to_f16.
 __device__ inline std::uint16_t f32_to_f16(float f) { return __half_as_ushort(__float2half_rn(f)); }
-__device__ inline float bf16_to_f32(std::uint16_t h) { return __uint_as_float(std::uint32_t(h) << 16); }
+__host__ __device__ inline float bf16_to_f32(std::uint16_t h) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(std::uint32_t(h) << 16);
+#else
+    return quant::bf16_to_f32(h);
+#endif
+}
 // Bit-for-bit quant::f32_to_bf16 (RNE, NaN kept quiet).
 __device__ inline std::uint16_t f32_to_bf16(float f) {
     const std::uint32_t u = __float_as_uint(f);
@@ -202,10 +218,14 @@ __device__ inline std::uint16_t f32_to_bf16(float f) {
 }
 
 // Unaligned little-endian reads: GGUF blocks (34, 144, 210 bytes) leave fields at odd offsets.
-__device__ inline std::uint16_t load_u16(const std::uint8_t* p) { return std::uint16_t(p[0] | (p[1] << 8)); }
-__device__ inline float load_f32(const std::uint8_t* p) {
-    return __uint_as_float(std::uint32_t(p[0]) | (std::uint32_t(p[1]) << 8) | (std::uint32_t(p[2]) << 16) |
-                           (std::uint32_t(p[3]) << 24));
+__host__ __device__ inline std::uint16_t load_u16(const std::uint8_t* p) { return std::uint16_t(p[0] | (p[1] << 8)); }
+__host__ __device__ inline float load_f32(const std::uint8_t* p) {
+    const std::uint32_t u = std::uint32_t(p[0]) | (std::uint32_t(p[1]) << 8) | (std::uint32_t(p[2]) << 16) | (std::uint32_t(p[3]) << 24);
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    return std::bit_cast<float>(u);
+#endif
 }
 
 __device__ inline float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
