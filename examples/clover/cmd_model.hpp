@@ -12,30 +12,10 @@
 
 namespace clover::cli {
 
-// `clover generate --ids-file F --parallel N`: every line of F a prompt; stats JSON per
-// sequence on stderr (in input order), then one aggregate line.
-template <class Opts>
-void generate_parallel(const Opts& o) {
-    if (o.ids_file.empty() || !o.ids.empty()) fail("generate: --parallel takes the prompts from --ids-file (one per line)");
-    std::vector<std::vector<token>> prompts;
-    {
-        const std::string text = read_file(o.ids_file);
-        std::size_t a = 0, line = 0;
-        while (a <= text.size()) {
-            std::size_t b = text.find('\n', a);
-            if (b == std::string::npos) b = text.size();
-            ++line;
-            const std::string l = text.substr(a, b - a);
-            if (l.find_first_not_of(" \t\r") != std::string::npos) {
-                auto ids = parse_ids(l, o.ids_file + " line " + std::to_string(line));
-                if (ids.empty()) fail(o.ids_file, " line ", line, ": no token ids");
-                prompts.push_back(std::move(ids));
-            }
-            a = b + 1;
-        }
-    }
-    if (prompts.empty()) fail(o.ids_file, ": no prompts (one line of ids per sequence)");
-    auto m = open_model(o.model, o.threads);
+// One --parallel run on the model type of the chosen device.
+template <class M, class Opts>
+void generate_parallel_on(const Opts& o, const std::vector<std::vector<token>>& prompts, const device_choice& dc) {
+    auto m = open_model<M>(o.model, o.threads, dc);
     decode::generate_options g;
     g.max_tokens = o.n;
     g.ignore_eos = o.ignore_eos;
@@ -69,11 +49,38 @@ void generate_parallel(const Opts& o) {
                  prompts.size(), o.parallel, (long long)total, secs, secs > 0 ? double(total) / secs : 0.0);
 }
 
+// `clover generate --ids-file F --parallel N`: every line of F a prompt; stats JSON per
+// sequence on stderr (in input order), then one aggregate line.
+template <class Opts>
+void generate_parallel(const Opts& o) {
+    if (o.ids_file.empty() || !o.ids.empty()) fail("generate: --parallel takes the prompts from --ids-file (one per line)");
+    std::vector<std::vector<token>> prompts;
+    {
+        const std::string text = read_file(o.ids_file);
+        std::size_t a = 0, line = 0;
+        while (a <= text.size()) {
+            std::size_t b = text.find('\n', a);
+            if (b == std::string::npos) b = text.size();
+            ++line;
+            const std::string l = text.substr(a, b - a);
+            if (l.find_first_not_of(" \t\r") != std::string::npos) {
+                auto ids = parse_ids(l, o.ids_file + " line " + std::to_string(line));
+                if (ids.empty()) fail(o.ids_file, " line ", line, ": no token ids");
+                prompts.push_back(std::move(ids));
+            }
+            a = b + 1;
+        }
+    }
+    if (prompts.empty()) fail(o.ids_file, ": no prompts (one line of ids per sequence)");
+    on_device(o.dev, [&]<class M>(std::type_identity<M>, const device_choice& dc) { generate_parallel_on<M>(o, prompts, dc); });
+}
+
 inline void add_model_commands(CLI::App& app) {
     {
         auto* c = app.add_subcommand("logits", "Evaluate ids as one prompt and write float32 logits [n_ids, n_vocab]");
         struct opts {
             std::string model, ids, ids_file, out, block_ids, kv = "f32";
+            device_flags dev;
             int threads = 0;
             long long coreset = -1;
         };
@@ -88,6 +95,7 @@ inline void add_model_commands(CLI::App& app) {
         c->add_option("--coreset", o->coreset, "expert coreset size for the preview pass (default: the file's)")
             ->check(CLI::Range(0LL, 1LL << 20));
         c->add_option("-t,--threads", o->threads, "threads (0: all)");
+        add_device_flags(c, o->dev);
         c->callback([o] {
             if (o->ids.empty() == o->ids_file.empty()) fail("logits: give exactly one of --ids or --ids-file");
             std::vector<token> ids = o->ids.empty() ? parse_ids(read_file(o->ids_file), o->ids_file) : parse_ids(o->ids, "--ids");
@@ -96,17 +104,19 @@ inline void add_model_commands(CLI::App& app) {
             if (!o->block_ids.empty()) block = parse_ids(o->block_ids, "--block-ids");
             if (!o->block_ids.empty() && block.empty()) fail("logits: --block-ids is empty");
             if (o->coreset >= 0 && block.empty()) fail("logits: --coreset needs --block-ids");
-            auto m = open_model(o->model, o->threads);
-            auto s = m->new_session({.ctx = std::int64_t(ids.size() + block.size()), .kv_f16 = o->kv == "f16"});
-            std::vector<float> logits;
-            if (block.empty()) {
-                m->commit(s, ids, logits_rows::all, logits);
-            } else {  // prefix by a commit pass, then ONE preview pass over the block rows
-                m->require_diffusion();
-                m->commit(s, ids, logits_rows::none, logits);
-                m->preview(s, block, o->coreset, logits);
-            }
-            write_output_file(o->out, std::as_bytes(std::span(logits)), {o->model, o->ids_file});
+            on_device(o->dev, [&]<class M>(std::type_identity<M>, const device_choice& dc) {
+                auto m = open_model<M>(o->model, o->threads, dc);
+                auto s = m->new_session({.ctx = std::int64_t(ids.size() + block.size()), .kv_f16 = o->kv == "f16"});
+                std::vector<float> logits;
+                if (block.empty()) {
+                    m->commit(s, ids, logits_rows::all, logits);
+                } else {  // prefix by a commit pass, then ONE preview pass over the block rows
+                    m->require_diffusion();
+                    m->commit(s, ids, logits_rows::none, logits);
+                    m->preview(s, block, o->coreset, logits);
+                }
+                write_output_file(o->out, std::as_bytes(std::span(logits)), {o->model, o->ids_file});
+            });
         });
     }
     {
@@ -121,6 +131,7 @@ inline void add_model_commands(CLI::App& app) {
             int top_k = 40;
             unsigned long long seed = 0;
             long long parallel = 0;
+            device_flags dev;
         };
         auto o = std::make_shared<opts>();
         c->add_option("-m,--model", o->model, "GGUF model file")->required();
@@ -148,32 +159,35 @@ inline void add_model_commands(CLI::App& app) {
                       "each line of --ids-file is one sequence; up to N decode together (one batched pass per step); "
                       "one line of ids per sequence on stdout, in input order")
             ->check(CLI::Range(1LL, 4096LL));
+        add_device_flags(c, o->dev);
         c->callback([o] {
             if (o->parallel > 0) return generate_parallel(*o);
             if (o->ids.empty() == o->ids_file.empty()) fail("generate: give exactly one of --ids or --ids-file");
             std::vector<token> ids = o->ids.empty() ? parse_ids(read_file(o->ids_file), o->ids_file) : parse_ids(o->ids, "--ids");
             if (ids.empty()) fail("generate: no token ids given");
-            auto m = open_model(o->model, o->threads);
-            const std::int64_t ctx = o->ctx > 0 ? o->ctx : std::int64_t(ids.size()) + o->n + o->block;
-            auto s = m->new_session({.ctx = ctx, .kv_f16 = o->kv == "f16"});
-            decode::generate_options g;
-            g.max_tokens = o->n;
-            g.ignore_eos = o->ignore_eos;
-            if (auto eos = m->weights().file->get_int("tokenizer.ggml.eos_token_id")) g.eog.push_back(token(*eos));
-            if (!o->greedy) g.sampling = {o->temp, o->top_k, o->top_p, o->min_p, o->seed};
-            std::vector<token> out;
-            auto cb = [&](token t) { out.push_back(t); return true; };
-            decode::generate_stats st;
-            if (o->decoder == "ar") {
-                st = decode::generate<decode::ar>(*m, s, ids, g, cb);
-            } else if (o->decoder == "diffusion") {
-                st = decode::generate(*m, s, ids, g, cb, decode::low_confidence{o->block, o->threshold, o->coreset_set ? o->coreset : -1});
-            } else {
-                st = decode::generate(*m, s, ids, g, cb, decode::self_speculative{o->block, 1, o->threshold, o->coreset_set ? o->coreset : -1});
-            }
-            std::printf("%s\n", join_ids(out).c_str());
-            std::fflush(stdout);
-            std::fprintf(stderr, "%s\n", st.json().c_str());
+            on_device(o->dev, [&]<class M>(std::type_identity<M>, const device_choice& dc) {
+                auto m = open_model<M>(o->model, o->threads, dc);
+                const std::int64_t ctx = o->ctx > 0 ? o->ctx : std::int64_t(ids.size()) + o->n + o->block;
+                auto s = m->new_session({.ctx = ctx, .kv_f16 = o->kv == "f16"});
+                decode::generate_options g;
+                g.max_tokens = o->n;
+                g.ignore_eos = o->ignore_eos;
+                if (auto eos = m->weights().file->get_int("tokenizer.ggml.eos_token_id")) g.eog.push_back(token(*eos));
+                if (!o->greedy) g.sampling = {o->temp, o->top_k, o->top_p, o->min_p, o->seed};
+                std::vector<token> out;
+                auto cb = [&](token t) { out.push_back(t); return true; };
+                decode::generate_stats st;
+                if (o->decoder == "ar") {
+                    st = decode::generate<decode::ar>(*m, s, ids, g, cb);
+                } else if (o->decoder == "diffusion") {
+                    st = decode::generate(*m, s, ids, g, cb, decode::low_confidence{o->block, o->threshold, o->coreset_set ? o->coreset : -1});
+                } else {
+                    st = decode::generate(*m, s, ids, g, cb, decode::self_speculative{o->block, 1, o->threshold, o->coreset_set ? o->coreset : -1});
+                }
+                std::printf("%s\n", join_ids(out).c_str());
+                std::fflush(stdout);
+                std::fprintf(stderr, "%s\n", st.json().c_str());
+            });
         });
     }
 }

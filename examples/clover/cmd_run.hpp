@@ -56,18 +56,20 @@ inline std::string bundled_model() {
 
 // A tokenizer must not name rows the model lacks. More rows than tokens is how checkpoints pad
 // their vocabulary (ids past the tokenizer are refused if a model ever produces one).
-inline void check_vocab(const tokenizer& tok, const runtime_model& m) {
+template <class M>
+void check_vocab(const tokenizer& tok, const M& m) {
     if (tok.n_vocab() > std::size_t(m.n_vocab()))
         fail("the tokenizer has ", tok.n_vocab(), " tokens but the model only ", m.n_vocab(), " rows (token_embd): they do not belong together");
 }
 
 // Opens the model, then pages its tensor bytes in, with a progress bar on stderr.
-inline std::unique_ptr<runtime_model> load_with_progress(const std::string& path, int threads, bool quiet) {
+template <class M>
+std::unique_ptr<M> load_with_progress(const std::string& path, int threads, const device_choice& dc, bool quiet) {
     const std::string name = std::filesystem::path(path).filename().string();
     const auto t0 = std::chrono::steady_clock::now();
     const bool tty = isatty(2) != 0;
     if (!quiet) std::fprintf(stderr, "loading %s ...", name.c_str());
-    auto m = open_model(path, threads);
+    auto m = open_model<M>(path, threads, dc);
     const auto& tensors = m->weights().file->tensors();
     std::size_t total = 0, done = 0;
     for (const auto& t : tensors) total += t.nbytes;
@@ -112,6 +114,7 @@ inline void add_run_commands(CLI::App& app) {
         unsigned long long seed = 0;
         bool seed_set = false, greedy = false, no_think = false, chat = false, raw = false, quiet = false, ignore_eos = false;
         bool no_cache = false;
+        device_flags dev;
     };
     auto o = std::make_shared<opts>();
     c->add_option("-m,--model", o->model, std::string("GGUF model file or HF folder (default: the bundled ") + bundled_model_name + ")");
@@ -140,156 +143,159 @@ inline void add_run_commands(CLI::App& app) {
     c->add_flag("-q,--quiet", o->quiet, "no progress bar");
     c->add_option("-t,--threads", o->threads, "threads (0: all)");
     c->add_option("--ctk,--cache-type-k", o->kv, "KV cache type: f16 (default) or f32")->check(CLI::IsMember({"f16", "f32"}));
+    add_device_flags(c, o->dev);
     c->callback([o] {
         if (!o->chat && o->prompt.empty()) fail("run: give a prompt (-p TEXT) or --chat");
         if (o->chat && o->raw) fail("run: --raw and --chat do not go together");
         if (o->decoder == "speculative" && o->block < 2) fail("run: --block must be at least 2 for the speculative decoder");
         const std::string path = o->model.empty() ? bundled_model() : o->model;
         const tokenizer tok = tokenizer::from_file(path);
-        auto m = load_with_progress(path, o->threads, o->quiet);
-        check_vocab(tok, *m);
-        if (o->decoder != "ar") m->require_diffusion();
-        const chat::format fmt = chat::detect_format(tok.chat_template());
+        on_device(o->dev, [&]<class M>(std::type_identity<M>, const device_choice& dc) {
+            auto m = load_with_progress<M>(path, o->threads, dc, o->quiet);
+            check_vocab(tok, *m);
+            if (o->decoder != "ar") m->require_diffusion();
+            const chat::format fmt = chat::detect_format(tok.chat_template());
 
-        decode::generate_options g;
-        g.max_tokens = o->n;
-        g.ignore_eos = o->ignore_eos;
-        g.eog = tok.eog_ids();
-        if (!o->greedy && o->temp > 0) {
-            g.sampling.temperature = o->temp;
-            g.sampling.top_k = o->top_k;
-            g.sampling.top_p = o->top_p;
-            g.sampling.min_p = o->min_p;
-            g.sampling.seed = o->seed_set ? o->seed : std::random_device{}();
-        }
-        g.sampling.repetition_penalty = o->repeat_penalty;
-        g.sampling.presence_penalty = o->presence_penalty;
-        if (auto t = tok.find_token("</think>")) g.sampling.think_end = *t;
-        server::decoder_choice dec = decode::ar{};
-        if (o->decoder == "diffusion") dec = decode::low_confidence{o->block, o->threshold, o->coreset};
-        if (o->decoder == "speculative") dec = decode::self_speculative{o->block, 1, o->threshold, o->coreset};
-        std::signal(SIGINT, run_on_sigint);
+            decode::generate_options g;
+            g.max_tokens = o->n;
+            g.ignore_eos = o->ignore_eos;
+            g.eog = tok.eog_ids();
+            if (!o->greedy && o->temp > 0) {
+                g.sampling.temperature = o->temp;
+                g.sampling.top_k = o->top_k;
+                g.sampling.top_p = o->top_p;
+                g.sampling.min_p = o->min_p;
+                g.sampling.seed = o->seed_set ? o->seed : std::random_device{}();
+            }
+            g.sampling.repetition_penalty = o->repeat_penalty;
+            g.sampling.presence_penalty = o->presence_penalty;
+            if (auto t = tok.find_token("</think>")) g.sampling.think_end = *t;
+            server::decoder_choice dec = decode::ar{};
+            if (o->decoder == "diffusion") dec = decode::low_confidence{o->block, o->threshold, o->coreset};
+            if (o->decoder == "speculative") dec = decode::self_speculative{o->block, 1, o->threshold, o->coreset};
+            std::signal(SIGINT, run_on_sigint);
 
-        std::vector<chat::message> conv;
-        if (!o->system.empty()) conv.push_back(chat::system_msg(o->system));
-        // The conversation's session: a turn resumes from the latest GDN checkpoint that the new
-        // prompt still begins with (KV rows are positional; the GDN state is not, so only a
-        // checkpoint can be returned to). Checkpoints go at the end of each user message and at
-        // the end of each answer: the Qwen template drops earlier turns' reasoning (and empty
-        // think blocks), so the rendering can change right after the assistant's header.
-        session conv_s = m->new_session({.ctx = o->ctx, .kv_f16 = o->kv == "f16"});
-        auto resume_point = [&](const std::vector<token>& ids) -> std::int64_t {
-            if (o->no_cache || !o->chat) return 0;
-            const auto& have = conv_s.tokens();
-            std::size_t same = 0;
-            while (same < have.size() && same + 1 < ids.size() && have[same] == ids[same]) ++same;
-            std::int64_t best = 0;
-            for (std::int64_t c : m->checkpoints(conv_s))
-                if (c <= std::int64_t(same)) best = c;
-            return best;
-        };
-        // One answer: render, generate while streaming, summary on stderr; returns the text.
-        auto answer = [&](bool& opened_think) {
-            chat::render_options ro;
-            ro.enable_thinking = !o->no_think;
-            std::string prompt_text = o->raw ? o->prompt : chat::render(fmt, conv, ro);
-            opened_think = !o->raw && chat::prompt_opens_think(prompt_text);
-            encode_options eo;
-            eo.parse_special = !o->raw;
-            const auto ids = tok.encode(prompt_text, eo);
-            // Where the last message ends (before the assistant's header): the next turn's
-            // rendering keeps everything up to here, whatever the template does to this answer.
-            std::size_t msg_end = 0;
-            if (o->chat && !o->no_cache) {
-                auto ro2 = ro;
-                ro2.add_generation_prompt = false;
-                const auto head = tok.encode(chat::render(fmt, conv, ro2), eo);
-                while (msg_end < head.size() && msg_end + 1 < ids.size() && head[msg_end] == ids[msg_end]) ++msg_end;
-            }
-            if (ids.empty()) fail("run: the prompt is empty");
-            if (std::int64_t(ids.size()) >= o->ctx)
-                fail("run: the prompt has ", ids.size(), " tokens; the context holds ", o->ctx, " (raise -c/--ctx-size)");
-            auto gg = g;
-            gg.max_tokens = std::min<std::int64_t>(o->n, o->ctx - std::int64_t(ids.size()));
-            const std::int64_t reused = resume_point(ids);
-            session& s = conv_s;
-            m->restore(s, reused);
-            std::span<const token> todo(ids.data() + reused, ids.size() - std::size_t(reused));
-            double head_seconds = 0;
-            if (o->chat && !o->no_cache && std::int64_t(msg_end) > reused) {  // up to the message's end, then a checkpoint
-                const auto t0 = std::chrono::steady_clock::now();
-                std::vector<float> none;
-                const std::size_t n = msg_end - std::size_t(reused);
-                m->commit(s, todo.first(n), logits_rows::none, none);
-                m->checkpoint(s);
-                todo = todo.subspan(n);
-                head_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            }
-            streaming_decoder sd(tok);
-            std::string text;
-            if (opened_think) std::fputs("<think>\n", stdout);
-            run_interrupts = 0;
-            std::string bad_token;
-            std::function<bool(token)> cb = [&](token t) {
-                if (t < 0 || std::size_t(t) >= tok.n_vocab()) {
-                    bad_token = std::to_string(t);
-                    return false;
-                }
-                const std::string piece = sd.push(t);
-                text += piece;
-                std::fwrite(piece.data(), 1, piece.size(), stdout);
-                std::fflush(stdout);
-                return run_interrupts.load() == 0;
+            std::vector<chat::message> conv;
+            if (!o->system.empty()) conv.push_back(chat::system_msg(o->system));
+            // The conversation's session: a turn resumes from the latest GDN checkpoint that the new
+            // prompt still begins with (KV rows are positional; the GDN state is not, so only a
+            // checkpoint can be returned to). Checkpoints go at the end of each user message and at
+            // the end of each answer: the Qwen template drops earlier turns' reasoning (and empty
+            // think blocks), so the rendering can change right after the assistant's header.
+            session conv_s = m->new_session({.ctx = o->ctx, .kv_f16 = o->kv == "f16"});
+            auto resume_point = [&](const std::vector<token>& ids) -> std::int64_t {
+                if (o->no_cache || !o->chat) return 0;
+                const auto& have = conv_s.tokens();
+                std::size_t same = 0;
+                while (same < have.size() && same + 1 < ids.size() && have[same] == ids[same]) ++same;
+                std::int64_t best = 0;
+                for (std::int64_t c : m->checkpoints(conv_s))
+                    if (c <= std::int64_t(same)) best = c;
+                return best;
             };
-            auto st = std::visit([&](const auto& d) { return decode::generate(*m, s, todo, gg, cb, d); }, dec);
-            if (o->chat && !o->no_cache) m->checkpoint(s);
-            const std::string rest = sd.finish();
-            text += rest;
-            std::fwrite(rest.data(), 1, rest.size(), stdout);
-            std::fputs("\n", stdout);
-            std::fflush(stdout);
-            if (!bad_token.empty())
-                fail("run: the model produced token id ", bad_token, ", which its tokenizer (", tok.n_vocab(), " tokens) has no text for");
-            std::fprintf(stderr, "[%lld tokens, %lld passes, TPF %.2f, %.1f tok/s | prompt %lld tokens (%lld reused) in %.2f s | %s, stop: %s]\n",
-                         (long long)st.tokens, (long long)st.passes(), st.tokens_per_pass(),
-                         st.seconds > 0 ? double(st.tokens) / st.seconds : 0.0, (long long)ids.size(), (long long)reused, head_seconds + st.prompt_seconds,
-                         server::decoder_name(dec).c_str(), st.stop_reason == "callback" ? "interrupted" : st.stop_reason.c_str());
-            return text;
-        };
-        if (!o->chat) {
-            if (!o->raw) conv.push_back(chat::user_msg(o->prompt));
-            bool think = false;
-            answer(think);
-            return;
-        }
-        std::string line = o->prompt;
-        bool have = !line.empty();
-        for (;;) {
-            if (!have) {
-                std::fputs("> ", stderr);
-                std::fflush(stderr);
-                if (!std::getline(std::cin, line)) break;
+            // One answer: render, generate while streaming, summary on stderr; returns the text.
+            auto answer = [&](bool& opened_think) {
+                chat::render_options ro;
+                ro.enable_thinking = !o->no_think;
+                std::string prompt_text = o->raw ? o->prompt : chat::render(fmt, conv, ro);
+                opened_think = !o->raw && chat::prompt_opens_think(prompt_text);
+                encode_options eo;
+                eo.parse_special = !o->raw;
+                const auto ids = tok.encode(prompt_text, eo);
+                // Where the last message ends (before the assistant's header): the next turn's
+                // rendering keeps everything up to here, whatever the template does to this answer.
+                std::size_t msg_end = 0;
+                if (o->chat && !o->no_cache) {
+                    auto ro2 = ro;
+                    ro2.add_generation_prompt = false;
+                    const auto head = tok.encode(chat::render(fmt, conv, ro2), eo);
+                    while (msg_end < head.size() && msg_end + 1 < ids.size() && head[msg_end] == ids[msg_end]) ++msg_end;
+                }
+                if (ids.empty()) fail("run: the prompt is empty");
+                if (std::int64_t(ids.size()) >= o->ctx)
+                    fail("run: the prompt has ", ids.size(), " tokens; the context holds ", o->ctx, " (raise -c/--ctx-size)");
+                auto gg = g;
+                gg.max_tokens = std::min<std::int64_t>(o->n, o->ctx - std::int64_t(ids.size()));
+                const std::int64_t reused = resume_point(ids);
+                session& s = conv_s;
+                m->restore(s, reused);
+                std::span<const token> todo(ids.data() + reused, ids.size() - std::size_t(reused));
+                double head_seconds = 0;
+                if (o->chat && !o->no_cache && std::int64_t(msg_end) > reused) {  // up to the message's end, then a checkpoint
+                    const auto t0 = std::chrono::steady_clock::now();
+                    std::vector<float> none;
+                    const std::size_t n = msg_end - std::size_t(reused);
+                    m->commit(s, todo.first(n), logits_rows::none, none);
+                    m->checkpoint(s);
+                    todo = todo.subspan(n);
+                    head_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                }
+                streaming_decoder sd(tok);
+                std::string text;
+                if (opened_think) std::fputs("<think>\n", stdout);
+                run_interrupts = 0;
+                std::string bad_token;
+                std::function<bool(token)> cb = [&](token t) {
+                    if (t < 0 || std::size_t(t) >= tok.n_vocab()) {
+                        bad_token = std::to_string(t);
+                        return false;
+                    }
+                    const std::string piece = sd.push(t);
+                    text += piece;
+                    std::fwrite(piece.data(), 1, piece.size(), stdout);
+                    std::fflush(stdout);
+                    return run_interrupts.load() == 0;
+                };
+                auto st = std::visit([&](const auto& d) { return decode::generate(*m, s, todo, gg, cb, d); }, dec);
+                if (o->chat && !o->no_cache) m->checkpoint(s);
+                const std::string rest = sd.finish();
+                text += rest;
+                std::fwrite(rest.data(), 1, rest.size(), stdout);
+                std::fputs("\n", stdout);
+                std::fflush(stdout);
+                if (!bad_token.empty())
+                    fail("run: the model produced token id ", bad_token, ", which its tokenizer (", tok.n_vocab(), " tokens) has no text for");
+                std::fprintf(stderr, "[%lld tokens, %lld passes, TPF %.2f, %.1f tok/s | prompt %lld tokens (%lld reused) in %.2f s | %s, stop: %s]\n",
+                             (long long)st.tokens, (long long)st.passes(), st.tokens_per_pass(),
+                             st.seconds > 0 ? double(st.tokens) / st.seconds : 0.0, (long long)ids.size(), (long long)reused, head_seconds + st.prompt_seconds,
+                             server::decoder_name(dec).c_str(), st.stop_reason == "callback" ? "interrupted" : st.stop_reason.c_str());
+                return text;
+            };
+            if (!o->chat) {
+                if (!o->raw) conv.push_back(chat::user_msg(o->prompt));
+                bool think = false;
+                answer(think);
+                return;
             }
-            have = false;
-            if (line == "/exit" || line == "/quit") break;
-            if (line == "/reset") {
-                conv.resize(o->system.empty() ? 0 : 1);
-                std::fputs("(conversation cleared)\n", stderr);
-                continue;
+            std::string line = o->prompt;
+            bool have = !line.empty();
+            for (;;) {
+                if (!have) {
+                    std::fputs("> ", stderr);
+                    std::fflush(stderr);
+                    if (!std::getline(std::cin, line)) break;
+                }
+                have = false;
+                if (line == "/exit" || line == "/quit") break;
+                if (line == "/reset") {
+                    conv.resize(o->system.empty() ? 0 : 1);
+                    std::fputs("(conversation cleared)\n", stderr);
+                    continue;
+                }
+                if (line.empty()) continue;
+                conv.push_back(chat::user_msg(line));
+                bool think = false;
+                try {
+                    const std::string text = answer(think);
+                    chat::parse_options po;
+                    po.in_reasoning = think;
+                    conv.push_back(chat::parse(fmt, text, po).to_message());
+                } catch (const clover::error& e) {
+                    conv.pop_back();
+                    std::fprintf(stderr, "error: %s\n", e.what());
+                }
             }
-            if (line.empty()) continue;
-            conv.push_back(chat::user_msg(line));
-            bool think = false;
-            try {
-                const std::string text = answer(think);
-                chat::parse_options po;
-                po.in_reasoning = think;
-                conv.push_back(chat::parse(fmt, text, po).to_message());
-            } catch (const clover::error& e) {
-                conv.pop_back();
-                std::fprintf(stderr, "error: %s\n", e.what());
-            }
-        }
+        });
     });
 }
 

@@ -47,6 +47,7 @@ inline void add_serve_commands(CLI::App& app) {
         std::string model, alias, key_file, kv = "f16";
         int threads = 0;
         bool quiet = false;
+        device_flags dev;
         server::options srv;
     };
     auto o = std::make_shared<opts>();
@@ -90,6 +91,7 @@ inline void add_serve_commands(CLI::App& app) {
     c->add_flag("--no-think", [o](std::int64_t) { o->srv.enable_thinking = false; }, "thinking off unless a request turns it on");
     c->add_flag("-q,--quiet", o->quiet, "no progress bar");
     c->add_option("-t,--threads", o->threads, "model threads (0: all)");
+    add_device_flags(c, o->dev);
     c->callback([o] {
         const std::string path = o->model.empty() ? bundled_model() : o->model;
         o->srv.api_key = api_key(o->srv.api_key, o->key_file);
@@ -99,22 +101,24 @@ inline void add_serve_commands(CLI::App& app) {
         o->srv.kv_f16 = o->kv == "f16";
         o->srv.model_id = o->alias.empty() ? std::filesystem::path(path).filename().replace_extension().string() : o->alias;
         const tokenizer tok = tokenizer::from_file(path);
-        auto m = load_with_progress(path, o->threads, o->quiet);
-        check_vocab(tok, *m);
-        server::server srv(*m, tok, o->srv);
-        const int port = srv.start();
-        const bool local = o->srv.host == "127.0.0.1" || o->srv.host == "localhost" || o->srv.host == "::1";
-        if (!local && o->srv.api_key.empty())
-            std::fprintf(stderr, "warning: listening on %s without --api-key: anyone who can reach this address can use the model\n",
-                         o->srv.host.c_str());
-        std::fprintf(stderr, "clover serve: model '%s' on http://%s:%d/v1 (ctx %lld, decoder %s%s); Ctrl-C stops\n",
-                     o->srv.model_id.c_str(), o->srv.host.c_str(), port, (long long)o->srv.ctx, o->srv.decoder.c_str(),
-                     o->srv.api_key.empty() ? "" : ", API key required");
-        std::signal(SIGINT, serve_on_signal);
-        std::signal(SIGTERM, serve_on_signal);
-        while (!serve_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        std::fprintf(stderr, "clover serve: stopping\n");
-        srv.stop();
+        on_device(o->dev, [&]<class M>(std::type_identity<M>, const device_choice& dc) {
+            auto m = load_with_progress<M>(path, o->threads, dc, o->quiet);
+            check_vocab(tok, *m);
+            server::basic_server<M> srv(*m, tok, o->srv);
+            const int port = srv.start();
+            const bool local = o->srv.host == "127.0.0.1" || o->srv.host == "localhost" || o->srv.host == "::1";
+            if (!local && o->srv.api_key.empty())
+                std::fprintf(stderr, "warning: listening on %s without --api-key: anyone who can reach this address can use the model\n",
+                             o->srv.host.c_str());
+            std::fprintf(stderr, "clover serve: model '%s' on http://%s:%d/v1 (ctx %lld, decoder %s%s); Ctrl-C stops\n",
+                         o->srv.model_id.c_str(), o->srv.host.c_str(), port, (long long)o->srv.ctx, o->srv.decoder.c_str(),
+                         o->srv.api_key.empty() ? "" : ", API key required");
+            std::signal(SIGINT, serve_on_signal);
+            std::signal(SIGTERM, serve_on_signal);
+            while (!serve_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            std::fprintf(stderr, "clover serve: stopping\n");
+            srv.stop();
+        });
     });
 }
 

@@ -5,8 +5,11 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+#include <clover/backend/trace.hpp>
 #include <clover/clover.hpp>
 #include <clover/io/atomic_file.hpp>
 #include <clover/io/hf_model.hpp>
@@ -79,15 +82,115 @@ inline std::string join_ids(const std::vector<token>& ids) {
     return s;
 }
 
-using runtime_model = model<variants::from_file, backend::cpu>;
-
 // A GGUF file (known vendor variants made canonical in memory, with a warning) or an HF folder.
 inline std::shared_ptr<const io::gguf_file> open_weights(const std::string& path) {
     return clover::open(path, &warn);
 }
 
-inline std::unique_ptr<runtime_model> open_model(const std::string& path, int threads) {
-    return std::make_unique<runtime_model>(open_weights(path), backend::cpu_options{threads}, &warn);
+// ---- Where a model runs: --device and --n-cpu-moe (run, serve, bench, logits, generate) ----
+//
+// The CPU build knows one backend; the CUDA build (CLOVER_CUDA=ON: the same main.cpp compiled by
+// nvcc as cuda/examples/clover_cli.cu, CLOVER_CLI_CUDA=1) knows both. A command body is written
+// once, as a generic lambda over the model type, and instantiated for each backend this binary
+// has; --device picks one at run time.
+using cpu_model = model<variants::from_file, backend::cpu>;
+#if CLOVER_CLI_CUDA
+using cuda_model = model<variants::from_file, backend::cuda>;
+inline constexpr bool built_with_cuda = true;
+#else
+inline constexpr bool built_with_cuda = false;
+#endif
+
+struct device_flags {
+    std::string device = "auto";  // auto | cpu | cuda | cuda:N
+    long long n_cpu_moe = 0;
+};
+
+inline void add_device_flags(CLI::App* c, device_flags& d) {
+    c->add_option("--device", d.device,
+                  "where the model runs: auto (the first CUDA device when this clover has CUDA and a GPU is there, else the "
+                  "CPU), cpu, cuda or cuda:N")
+        ->check([](const std::string& v) -> std::string {
+            if (v == "auto" || v == "cpu" || v == "cuda") return "";
+            if (v.rfind("cuda:", 0) == 0 && v.size() > 5 && v.size() < 10 &&
+                v.find_first_not_of("0123456789", 5) == std::string::npos)
+                return "";
+            return "--device must be auto, cpu, cuda or cuda:N (got '" + v + "')";
+        });
+    c->add_option("--n-cpu-moe", d.n_cpu_moe,
+                  "CUDA: keep the routed experts of the first N layers in host memory and compute them on the CPU "
+                  "(for a GPU smaller than the model)")
+        ->check(CLI::Range(0LL, 1LL << 20));
+}
+
+struct device_choice {
+    bool cuda = false;
+    int ordinal = 0;
+    int n_cpu_moe = 0;
+};
+
+// The device --device names, or one clear error: CUDA asked of a binary built without it, or
+// of a machine without that GPU (the backend's own error names the device count).
+inline device_choice resolve_device(const device_flags& d) {
+    device_choice c;
+    c.n_cpu_moe = int(d.n_cpu_moe);
+    if (d.device == "cpu") {
+        if (d.n_cpu_moe > 0) warn("--n-cpu-moe has no effect with --device cpu (every expert is in host memory already)");
+        return c;
+    }
+    const bool asked = d.device != "auto";
+    if (asked && !built_with_cuda)
+        fail("--device ", d.device, ": this clover was built without CUDA (configure with -DCLOVER_CUDA=ON, e.g. "
+             "`cmake --preset cuda`; its clover is build-cuda/clover)");
+#if CLOVER_CLI_CUDA
+    if (asked) {
+        c.cuda = true;
+        c.ordinal = d.device.size() > 5 ? std::stoi(d.device.substr(5)) : 0;
+        return c;
+    }
+    c.cuda = backend::cuda_detail::device_count() > 0;
+#endif
+    if (!c.cuda && d.n_cpu_moe > 0) warn("--n-cpu-moe has no effect on the CPU (no CUDA device is in use)");
+    return c;
+}
+
+inline backend::cpu_options backend_options(std::type_identity<backend::cpu>, int threads, const device_choice&) {
+    return {threads};
+}
+#if CLOVER_CLI_CUDA
+inline backend::cuda_options backend_options(std::type_identity<backend::cuda>, int threads, const device_choice& c) {
+    return {.threads = threads, .device = c.ordinal, .n_cpu_moe = c.n_cpu_moe};
+}
+#endif
+template <class Inner>
+auto backend_options(std::type_identity<backend::trace<Inner>>, int threads, const device_choice& c) {
+    return backend_options(std::type_identity<Inner>{}, threads, c);
+}
+
+// Backend name and what it runs on, for tables and JSON ("CPU" + the ISA, "CUDA" + the card).
+inline std::string backend_isa(const backend::cpu&) { return backend::cpu::isa_name(); }
+#if CLOVER_CLI_CUDA
+inline std::string backend_isa(const backend::cuda& be) { return be.device_name(); }
+#endif
+template <class Inner>
+std::string backend_isa(backend::trace<Inner>& be) {
+    return backend_isa(be.inner());
+}
+
+template <class M>
+std::unique_ptr<M> open_model(const std::string& path, int threads, const device_choice& c) {
+    using B = typename M::backend_type;
+    return std::make_unique<M>(open_weights(path), backend_options(std::type_identity<B>{}, threads, c), &warn);
+}
+
+// Calls body(std::type_identity<M>{}, choice) with the model type of the device --device picks.
+template <class Body>
+void on_device(const device_flags& d, Body&& body) {
+    const device_choice c = resolve_device(d);
+#if CLOVER_CLI_CUDA
+    if (c.cuda) return body(std::type_identity<cuda_model>{}, c);
+#endif
+    body(std::type_identity<cpu_model>{}, c);
 }
 
 }  // namespace clover::cli

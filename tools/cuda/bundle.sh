@@ -5,21 +5,27 @@
 #     tools/cuda/bundle.sh
 # then on the GPU machine, with carry ["device-bundle"]:  bash tools/cuda/device_check.sh
 #
-# The bundle: tests_cuda, clover_cuda_logits and the clover CLI of the `cuda` preset's build
-# (build-cuda/), stripped, plus every shared library ldd lists beyond glibc and the GPU driver
+# The bundle: tests_cuda, clover_cuda_logits and the clover CLI (both backends: --device) of a
+# `cuda` preset build in build-cuda-bundle/, stripped, plus every shared library ldd lists beyond glibc and the GPU driver
 # (libstdc++, libgcc_s, libpcre2-8, ...: the bare machine may lack them or hold older ones).
 # The CUDA targets link cudart statically (cuda/CMakeLists.txt), so no libcudart travels; the
 # driver's libcuda is the GPU machine's own. Compiles take the house build lock
 # ($CLOVER_BUILD_LOCK, default /tmp/clover-build.lock) when flock exists.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BUILD="${BUILD:-build-cuda}"
+BUILD="${BUILD:-build-cuda-bundle}"
 BUNDLE="${BUNDLE:-device-bundle}"
 LOCK="${CLOVER_BUILD_LOCK:-/tmp/clover-build.lock}"
 LIMIT_MIB="${LIMIT_MIB:-64}"
 JOBS="${JOBS:-2}"
 
-[ -f "$BUILD/CMakeCache.txt" ] || cmake --preset cuda -B "$BUILD" > /dev/null
+# Its own build folder, not build-cuda: the host code must run on the GPU machine's CPU, which is
+# not this one, so no -march=native (CLOVER_NATIVE, on by default, could emit instructions that
+# CPU lacks: SIGILL instead of results). x86-64-v3 (AVX2, FMA, F16C) runs on every x86 server an
+# H200 is sold in; the CPU paths it compiles are the tested AVX2 ones.
+portable=-march=x86-64-v3
+[ -f "$BUILD/CMakeCache.txt" ] || cmake --preset cuda -B "$BUILD" -DCLOVER_NATIVE=OFF -DCLOVER_BUILD_TESTS=ON \
+    -DCMAKE_CXX_FLAGS="$portable" -DCMAKE_CUDA_FLAGS="-Xcompiler=$portable" > /dev/null
 build=(cmake --build "$BUILD" -j "$JOBS" --target tests_cuda clover_cuda_logits clover_cli)
 if command -v flock > /dev/null; then flock "$LOCK" "${build[@]}"; else "${build[@]}"; fi
 

@@ -114,6 +114,12 @@ public:
 
     int threads() const { return cpu_.threads(); }
     int device() const { return opt_.device; }
+    // The card's name (benchmark tables and JSON: `clover bench` prints it beside the backend).
+    std::string device_name() const {
+        cudaDeviceProp p{};
+        CLOVER_CUDA_CHECK(cudaGetDeviceProperties(&p, opt_.device));
+        return p.name;
+    }
     cudaStream_t stream() const { return stream_->get(); }
     backend::cpu& host() { return cpu_; }
 
