@@ -145,7 +145,7 @@ public:
     state make_state(std::span<const layer_state_spec> spec, const state_options& o) {
         cuda_detail::device_guard on(opt_.device);
         check_limits(spec);
-        return state(spec, o, cuda_detail::device_store{stream(), opt_.device});
+        return state(spec, o, cuda_detail::device_store{stream(), opt_.device, std::make_shared<cuda_detail::float_cache>(opt_.device)});
     }
     context begin_pass() {
         cuda_detail::device_guard on(opt_.device);
@@ -253,7 +253,7 @@ public:
             if (sg.kind == pass_kind::verify) {
                 slot.rec.S0 = slot.S;
                 slot.rec.ring0 = slot.ring;
-                copy_rows(slot.rec.m, ms, std::size_t(sg.n * C));
+                copy_rows(slot.rec.m, ms, std::size_t(sg.n * C), slot.S);
                 slot.rec.n = sg.n;
             }
             cuda_detail::conv_silu(slot.ring.data(), ms, f32(*w.conv), nullptr, ys, sg.n, C, K, s);
@@ -292,9 +292,9 @@ public:
                 cuda_detail::gdn_scan(sa, L, s);
             }
             if (sg.kind == pass_kind::verify) {  // what a rollback replays
-                copy_rows(slot.rec.y, ys, std::size_t(sg.n * C));
-                copy_rows(slot.rec.g, gs, std::size_t(sg.n * Hv));
-                copy_rows(slot.rec.beta, bs, std::size_t(sg.n * Hv));
+                copy_rows(slot.rec.y, ys, std::size_t(sg.n * C), slot.S);
+                copy_rows(slot.rec.g, gs, std::size_t(sg.n * Hv), slot.S);
+                copy_rows(slot.rec.beta, bs, std::size_t(sg.n * Hv), slot.S);
             }
         }
     }
@@ -467,8 +467,9 @@ private:
         CLOVER_CUDA_CHECK(cudaMemcpyAsync(dst.get(), pin.get(), n * sizeof(T), cudaMemcpyHostToDevice, stream()));
         return dst.get<T>();
     }
-    void copy_rows(cuda_detail::device_floats& dst, const float* src, std::size_t n) {
-        if (dst.stream() == nullptr) dst = cuda_detail::device_floats(n, stream(), opt_.device);
+    // dst <- n floats at src; a record array not yet made comes from the pool of `like`.
+    void copy_rows(cuda_detail::device_floats& dst, const float* src, std::size_t n, const cuda_detail::device_floats& like) {
+        if (dst.stream() == nullptr) dst = cuda_detail::device_floats(n, stream(), opt_.device, like.cache());
         dst.resize(n);
         if (n) CLOVER_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, n * 4, cudaMemcpyDeviceToDevice, stream()));
     }

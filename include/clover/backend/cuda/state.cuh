@@ -14,6 +14,9 @@
 
 #include <cstddef>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -22,23 +25,80 @@
 
 namespace clover::backend::cuda_detail {
 
+// The pool's freed float arrays, kept by size for the next request of that size. A server
+// opens and closes sequences, takes and drops checkpoints, and verify records come and go with
+// their sequences; through cudaMalloc/cudaFree each of those is a device-wide wait (cudaFree
+// synchronises the device) in the middle of other sequences' passes — tests_cuda_host counted
+// 180 cudaMalloc in the first verify pass of every new sequence of the 40-layer pattern model
+// (6 record arrays × 30 GDN layers), and as many cudaFree when it closed. Memory is returned
+// to the device only when the pool goes, so the pool holds at most its peak use.
+// Safe to reuse at once: every user of these arrays is queued on the pool's one stream, so an
+// array given back here is next written by work queued after all work that used it.
+class float_cache {
+public:
+    explicit float_cache(int device) : dev_(device) {}
+    ~float_cache() {  // cudaFree takes any device's pointer (unified addressing): no guard, nothing thrown
+        for (auto& [n, v] : free_)
+            for (float* p : v) (void)cudaFree(p);
+    }
+    float_cache(const float_cache&) = delete;
+    float_cache& operator=(const float_cache&) = delete;
+
+    // An array of at least n floats: the smallest kept one up to 2n (verify records vary in
+    // length from pass to pass), else a new one of n. n is updated to the array's size.
+    float* take(std::size_t& n) {
+        {
+            std::lock_guard lk(mu_);
+            auto it = free_.lower_bound(n);
+            if (it != free_.end() && it->first <= 2 * n) {
+                float* p = it->second.back();
+                n = it->first;
+                it->second.pop_back();
+                if (it->second.empty()) free_.erase(it);
+                return p;
+            }
+        }
+        device_guard on(dev_);
+        float* p = nullptr;
+        CLOVER_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float)));
+        return p;
+    }
+    void give(float* p, std::size_t n) noexcept {
+        try {
+            std::lock_guard lk(mu_);
+            free_[n].push_back(p);
+        } catch (...) {  // no memory for the list: the array goes back to the device instead
+            (void)cudaFree(p);
+        }
+    }
+
+private:
+    int dev_;
+    std::mutex mu_;
+    std::map<std::size_t, std::vector<float*>> free_;  // size in floats → arrays
+};
+
 class device_floats {
 public:
     device_floats() = default;
-    device_floats(std::size_t n, cudaStream_t s, int device) : s_(s), dev_(device) {
+    // cache: where the array comes from and goes back to (null: cudaMalloc / cudaFree).
+    device_floats(std::size_t n, cudaStream_t s, int device, std::shared_ptr<float_cache> cache = {})
+        : s_(s), dev_(device), cache_(std::move(cache)) {
         alloc(n);
         zero();
     }
-    device_floats(const device_floats& o) : s_(o.s_), dev_(o.dev_) {
+    device_floats(const device_floats& o) : s_(o.s_), dev_(o.dev_), cache_(o.cache_) {
         alloc(o.n_);
         copy_from(o);
     }
     device_floats(device_floats&& o) noexcept
-        : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cap_(std::exchange(o.cap_, 0)), s_(o.s_), dev_(o.dev_) {}
+        : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cap_(std::exchange(o.cap_, 0)), s_(o.s_), dev_(o.dev_),
+          cache_(o.cache_) {}
     device_floats& operator=(const device_floats& o) {
         if (this == &o) return *this;
         s_ = o.s_;
         dev_ = o.dev_;
+        if (!cache_) cache_ = o.cache_;  // an array goes back where it came from
         resize(o.n_);
         copy_from(o);
         return *this;
@@ -51,6 +111,7 @@ public:
             cap_ = std::exchange(o.cap_, 0);
             s_ = o.s_;
             dev_ = o.dev_;
+            cache_ = o.cache_;
         }
         return *this;
     }
@@ -61,6 +122,7 @@ public:
     std::size_t size() const { return n_; }
     cudaStream_t stream() const { return s_; }
     int device() const { return dev_; }
+    const std::shared_ptr<float_cache>& cache() const { return cache_; }
     void zero() {
         if (!n_) return;
         device_guard on(dev_);
@@ -79,10 +141,17 @@ public:
 
 private:
     void alloc(std::size_t n) {
-        n_ = cap_ = n;
+        n_ = cap_ = 0;
         if (!n) return;
-        device_guard on(dev_);
-        CLOVER_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(float)));
+        std::size_t cap = n;
+        if (cache_) {
+            p_ = cache_->take(cap);
+        } else {
+            device_guard on(dev_);
+            CLOVER_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(float)));
+        }
+        n_ = n;
+        cap_ = cap;
     }
     void copy_from(const device_floats& o) {
         if (!n_) return;
@@ -91,8 +160,12 @@ private:
     }
     void release() noexcept {
         // cudaFree waits for the device to finish using the memory, so queued copies that read
-        // or write it complete first.
-        if (p_) (void)cudaFree(p_);
+        // or write it complete first; the cache relies on the one stream instead (float_cache).
+        if (p_ && cache_) {
+            cache_->give(p_, cap_);
+        } else if (p_) {
+            (void)cudaFree(p_);
+        }
         p_ = nullptr;
         n_ = cap_ = 0;
     }
@@ -100,6 +173,7 @@ private:
     std::size_t n_ = 0, cap_ = 0;
     cudaStream_t s_ = nullptr;
     int dev_ = 0;
+    std::shared_ptr<float_cache> cache_;
 };
 
 // A zeroed device block (a KV chunk) that frees itself.
@@ -122,8 +196,9 @@ struct device_store {
     using bytes = device_bytes;
     cudaStream_t stream = nullptr;  // where every copy and zeroing of the pool is queued
     int device = 0;                 // the backend's device, selected for each call
+    std::shared_ptr<float_cache> cache;  // the pool's float arrays, reused (null: none kept)
 
-    floats floats_of(std::size_t n) const { return floats(n, stream, device); }
+    floats floats_of(std::size_t n) const { return floats(n, stream, device, cache); }
     bytes bytes_of(std::size_t n) const { return bytes(n, stream, device); }
     void copy(void* dst, const void* src, std::size_t n) const {
         if (!n) return;
