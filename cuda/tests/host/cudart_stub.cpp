@@ -4,7 +4,10 @@
 // `-cudart none`, so these definitions are the only runtime in the process.
 //
 // What it answers is a plausible sm_90 device (an H200's limits), so host code that sizes
-// launches from device attributes takes the branches it takes on the real machine.
+// launches from device attributes takes the branches it takes on the real machine. What it cannot
+// see: the order of work on streams (copies run at once, the stream argument is dropped), so a
+// copy on the wrong stream or a reuse before the device is done passes here; static shared
+// memory and register limits (known only to the compiled kernel).
 #include "cudart_stub.hpp"
 
 #include <algorithm>
@@ -30,6 +33,14 @@ struct call_config {
     void* stream;
 };
 thread_local std::vector<call_config> pending;  // <<<...>>> pushes, the launch stub pops
+
+// Dynamic shared memory a kernel may take: 48 KiB unless cudaFuncSetAttribute raised it (up to
+// the opt-in limit), as on the device — a larger launch without the attribute fails there.
+std::map<const void*, int>& smem_limits() {
+    static std::map<const void*, int> m;
+    return m;
+}
+constexpr int smem_default = 49152;
 
 // A kernel handle (cudaKernel_t) is the host stub's address, boxed once.
 struct kernel_box {
@@ -119,9 +130,12 @@ cudaError_t __cudaGetKernel(cudaKernel_t* k, const void* fun) {
 }
 
 static cudaError_t record_launch(const void* fun, dim3 g, dim3 b, std::size_t smem) {
-    const bool bad = g.x == 0 || g.y == 0 || g.z == 0 || g.y > 65535 || g.z > 65535 || b.x == 0 || b.y == 0 || b.z == 0 ||
-                     std::uint64_t(b.x) * b.y * b.z > std::uint64_t(max_threads) || b.z > 64 || smem > std::size_t(smem_optin);
     std::lock_guard lk(mu);
+    const auto lim = smem_limits().find(fun);
+    const std::size_t smem_max = std::size_t(lim == smem_limits().end() ? smem_default : lim->second);
+    const bool bad = g.x == 0 || g.y == 0 || g.z == 0 || g.x > 2147483647u || g.y > 65535 || g.z > 65535 || b.x == 0 ||
+                     b.y == 0 || b.z == 0 || std::uint64_t(b.x) * b.y * b.z > std::uint64_t(max_threads) || b.z > 64 ||
+                     smem > smem_max;
     auto it = kernel_names().find(fun);
     rec.launches.push_back({it == kernel_names().end() ? std::string("?") : it->second, g.x, g.y, g.z, b.x, b.y, b.z, smem});
     if (bad) {
@@ -218,7 +232,14 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void*) {
     a->binaryVersion = 90;
     return cudaSuccess;
 }
-cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
+cudaError_t cudaFuncSetAttribute(const void* f, cudaFuncAttribute a, int v) {
+    if (a == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (v < 0 || v > smem_optin) return fail(cudaErrorInvalidValue);
+        std::lock_guard lk(mu);
+        smem_limits()[f] = v;
+    }
+    return cudaSuccess;
+}
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, const void*, int block, std::size_t) {
     *n = block > 0 ? std::max(1, 2048 / block) : 0;
     return cudaSuccess;

@@ -30,8 +30,10 @@ namespace clover::backend::cuda_detail {
 // their sequences; through cudaMalloc/cudaFree each of those is a device-wide wait (cudaFree
 // synchronises the device) in the middle of other sequences' passes — tests_cuda_host counted
 // 180 cudaMalloc in the first verify pass of every new sequence of the 40-layer pattern model
-// (6 record arrays × 30 GDN layers), and as many cudaFree when it closed. Memory is returned
-// to the device only when the pool goes, so the pool holds at most its peak use.
+// (6 record arrays × 30 GDN layers), and as many cudaFree when it closed. Arrays are returned
+// to the device when the pool goes, or all at once when a cudaMalloc finds the device full.
+// An array serves requests from half its size up, so the cache holds at most the peak use of
+// each such size range (verify records of very different lengths are kept side by side).
 // Safe to reuse at once: every user of these arrays is queued on the pool's one stream, so an
 // array given back here is next written by work queued after all work that used it.
 class float_cache {
@@ -60,8 +62,21 @@ public:
         }
         device_guard on(dev_);
         float* p = nullptr;
-        CLOVER_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float)));
+        cudaError_t e = cudaMalloc(&p, n * sizeof(float));
+        if (e == cudaErrorMemoryAllocation) {  // the device is full: give back what is kept, once
+            (void)cudaGetLastError();
+            trim();
+            e = cudaMalloc(&p, n * sizeof(float));
+        }
+        CLOVER_CUDA_CHECK(e);
         return p;
+    }
+    // Every kept array back to the device.
+    void trim() noexcept {
+        std::lock_guard lk(mu_);
+        for (auto& [n, v] : free_)
+            for (float* p : v) (void)cudaFree(p);
+        free_.clear();
     }
     void give(float* p, std::size_t n) noexcept {
         try {
