@@ -91,7 +91,9 @@ double median(std::vector<double> v) {
 // attend_group vs its twin for the bundled model's shape (2 query heads per KV head, head size
 // 64) and Clover-35B-A3B's (8 per KV head, 256), at several context lengths.
 void bench_attention(int reps, bool json) {
-    if (!json) std::printf("\n| heads per KV head | head size | keys | plain twin us | attend_group us | speed-up |\n|---|---|---|---|---|---|\n");
+    if (!json)
+        std::printf("\n| heads per KV head | head size | keys | plain twin us | attend_group us | speed-up | 4 rows: 4 x attend_group us | attend_rows us | speed-up |\n"
+                    "|---|---|---|---|---|---|---|---|---|\n");
     struct shape { std::int64_t G, hd; };
     for (const shape sh : {shape{2, 64}, shape{8, 256}}) {
         for (const std::int64_t n : {512, 2048, 8192}) {
@@ -107,7 +109,23 @@ void bench_attention(int reps, bool json) {
             std::vector<float> q(std::size_t(sh.G * sh.hd)), out(q.size()), p;
             for (auto& x : q) x = r.uniform(-1.f, 1.f);
             const int inner = int(std::max<std::int64_t>(1, 200000 / n));
-            std::vector<double> plain, fast;
+            // Four consecutive rows of a prefill chunk (causal: n-3 .. n keys), one at a time or
+            // together (attend_rows reads each key block once for the four).
+            constexpr int R = 4;
+            std::vector<float> q4(std::size_t(R * sh.G * sh.hd)), out4(q4.size());
+            for (auto& x : q4) x = r.uniform(-1.f, 1.f);
+            const float* qp[R];
+            float* op[R];
+            std::int64_t nk[R];
+            std::vector<std::vector<cd::kv_run>> alone(R);
+            for (int i = 0; i < R; ++i) {
+                qp[i] = q4.data() + i * sh.G * sh.hd;
+                op[i] = out4.data() + i * sh.G * sh.hd;
+                nk[i] = n - (R - 1) + i;
+                cd::first_keys(runs, nk[i], alone[std::size_t(i)]);
+            }
+            std::vector<cd::kv_run> cut;
+            std::vector<double> plain, fast, one_by_one, rows;
             for (int rep = 0; rep < reps; ++rep) {
                 double t0 = now_s();
                 for (int i = 0; i < inner; ++i) cd::attend_group_ref(q.data(), sh.G, runs, sh.hd, 0.125f, out.data(), p);
@@ -115,13 +133,23 @@ void bench_attention(int reps, bool json) {
                 t0 = now_s();
                 for (int i = 0; i < inner; ++i) cd::attend_group(q.data(), sh.G, runs, sh.hd, 0.125f, out.data(), p);
                 fast.push_back((now_s() - t0) / inner * 1e6);
+                const int inner4 = std::max(1, inner / R);
+                t0 = now_s();
+                for (int i = 0; i < inner4; ++i)
+                    for (int x = 0; x < R; ++x) cd::attend_group(qp[x], sh.G, alone[std::size_t(x)], sh.hd, 0.125f, op[x], p);
+                one_by_one.push_back((now_s() - t0) / inner4 * 1e6);
+                t0 = now_s();
+                for (int i = 0; i < inner4; ++i) cd::attend_rows(qp, nk, R, sh.G, runs, sh.hd, 0.125f, op, p, cut);
+                rows.push_back((now_s() - t0) / inner4 * 1e6);
             }
-            const double a = median(plain), b = median(fast);
+            const double a = median(plain), b = median(fast), c = median(one_by_one), d = median(rows);
             if (json)
-                std::printf("{\"kernel\":\"attend_group\",\"isa\":\"%s\",\"heads_per_kv\":%lld,\"head_dim\":%lld,\"keys\":%lld,\"plain_us\":%.2f,\"fast_us\":%.2f,\"speedup\":%.3f}\n",
-                            cd::isa_name(), (long long)sh.G, (long long)sh.hd, (long long)n, a, b, a / b);
+                std::printf("{\"kernel\":\"attend_group\",\"isa\":\"%s\",\"heads_per_kv\":%lld,\"head_dim\":%lld,\"keys\":%lld,\"plain_us\":%.2f,\"fast_us\":%.2f,\"speedup\":%.3f,"
+                            "\"rows\":%d,\"rows_alone_us\":%.2f,\"attend_rows_us\":%.2f,\"rows_speedup\":%.3f}\n",
+                            cd::isa_name(), (long long)sh.G, (long long)sh.hd, (long long)n, a, b, a / b, R, c, d, c / d);
             else
-                std::printf("| %lld | %lld | %lld | %.1f | %.1f | %.2fx |\n", (long long)sh.G, (long long)sh.hd, (long long)n, a, b, a / b);
+                std::printf("| %lld | %lld | %lld | %.1f | %.1f | %.2fx | %.1f | %.1f | %.2fx |\n", (long long)sh.G, (long long)sh.hd,
+                            (long long)n, a, b, a / b, c, d, c / d);
             std::fflush(stdout);
         }
     }

@@ -293,7 +293,7 @@ TEST_CASE("attention softmax: the vector form equals the plain definition bit fo
     }
 }
 
-TEST_CASE("attend_group equals its plain twin bit for bit (GQA groups, F16/F32 runs, odd key counts, every head size)") {
+TEST_CASE("attend_group and attend_rows equal the plain twin bit for bit (GQA groups, F16/F32 runs, odd key counts, every head size)") {
     namespace cd = backend::cpu_detail;
     // reduce_each is reduce() of each vector, in the same pairs of lanes.
     {
@@ -366,6 +366,35 @@ TEST_CASE("attend_group equals its plain twin bit for bit (GQA groups, F16/F32 r
                 std::vector<float> again(fast.size());
                 cd::attend_group(q.data(), G, split, hd, 0.125f, again.data(), p1);
                 CHECK(std::memcmp(again.data(), plain.data(), fast.size() * 4) == 0);
+
+                // attend_rows: R rows over the same runs, each its own number of keys (a causal
+                // block, then arbitrary counts, from 1 key to all); every row the same bits as the
+                // twin over its own first keys.
+                std::int64_t n = 0;
+                for (const cd::kv_run& r : runs) n += r.n;
+                for (const std::vector<std::int64_t>& nk : {std::vector<std::int64_t>{n - 3, n - 2, n - 1, n},
+                                                            std::vector<std::int64_t>{1, 17, n, 33, n - 1},
+                                                            std::vector<std::int64_t>{n}, std::vector<std::int64_t>{32, 31}}) {
+                    const int R = int(nk.size());
+                    CAPTURE(R);
+                    const auto qr = testutil::random_vec(std::size_t(R * G * hd), seed++);
+                    std::vector<float> outs(qr.size());
+                    std::vector<const float*> qp;
+                    std::vector<float*> op;
+                    for (int i = 0; i < R; ++i) {
+                        qp.push_back(qr.data() + i * G * hd);
+                        op.push_back(outs.data() + i * G * hd);
+                    }
+                    std::vector<cd::kv_run> cut, mine;
+                    cd::attend_rows(qp.data(), nk.data(), R, G, runs, hd, 0.125f, op.data(), p1, cut);
+                    for (int i = 0; i < R; ++i) {
+                        CAPTURE(i);
+                        cd::first_keys(runs, nk[std::size_t(i)], mine);
+                        std::vector<float> want(std::size_t(G * hd));
+                        cd::attend_group_ref(qp[std::size_t(i)], G, mine, hd, 0.125f, want.data(), p2);
+                        CHECK(std::memcmp(op[std::size_t(i)], want.data(), want.size() * 4) == 0);
+                    }
+                }
             }
         }
     }
