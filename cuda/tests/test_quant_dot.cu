@@ -1,5 +1,6 @@
 // The matrix product's packed item dot products (quant_dot.cuh: codes in 32-bit words, dp4a)
-// against their plain twin, bit for bit, on the host: both forms are __host__ __device__, so this
+// against their plain twin, and against the split into an integer dot plus item_combine (the
+// tensor-core kernel's form), bit for bit, on the host: both forms are __host__ __device__, so this
 // runs in CI without a GPU. Rows from quantized random data and rows of random bytes (every code
 // and high-bit pattern, odd scales), weight rows at 2-byte-aligned offsets (Q8_0, Q6_K), 1..4
 // activation rows. And the alignment check launch_mm makes before any launch.
@@ -60,14 +61,21 @@ void check_format(std::int64_t K, bool raw) {
     for (std::int64_t o = 0; o < n_w; ++o) {
         const std::uint8_t* wr = w.data() + std::size_t(o) * wrb;
         for (int nr = 1; nr <= R; ++nr) {
-            float a[R] = {0.25f, -1.5f, 3.f, 0.f}, b[R] = {0.25f, -1.5f, 3.f, 0.f};
+            float a[R] = {0.25f, -1.5f, 3.f, 0.f}, b[R] = {0.25f, -1.5f, 3.f, 0.f}, c[R] = {0.25f, -1.5f, 3.f, 0.f};
             for (std::int64_t it = 0; it < cd::items<T>(K); ++it) {
                 cd::item_dot<T, R>(wr, xr, it, a, nr);
                 cd::item_dot_ref<T, R>(wr, xr, it, b, nr);
+                // The split the tensor-core kernel relies on (mma.cuh): the exact integer dot of
+                // the item, then the shared float step.
+                if constexpr (cd::int_item_format<T>())
+                    for (int r = 0; r < nr; ++r)
+                        c[r] = cd::item_combine<T>(c[r], cd::item_int_dot<T>(wr, xr[r], it), cd::item_wscale_of<T>(wr, it),
+                                                   cd::item_xscale_of<T>(xr[r], it));
             }
             CAPTURE(o);
             CAPTURE(nr);
             CHECK(std::memcmp(a, b, sizeof a) == 0);
+            if constexpr (cd::int_item_format<T>()) CHECK(std::memcmp(a, c, sizeof a) == 0);
         }
     }
 }
