@@ -13,12 +13,20 @@
 //   same shape: what a CUDA graph captured once per (pass kind, rows) needs first. Not enough
 //   on its own: arguments are not compared, and pointers differ from pass to pass (the
 //   sequences' states, scratch from the pass's context), so a replayable graph also needs them
-//   in fixed places or its nodes' parameters updated.
+//   in fixed places or its nodes' parameters updated;
+// - CUDA graphs (graph.cuh): after warm-up every pass is one graph launch and no direct kernel
+//   launch, a repeated shape updates its executable instead of instantiating one, decode steps
+//   at growing positions launch one executable, and nothing inside a capture waits, frees or
+//   copies pageable memory (the recording runtime refuses it, as a GPU does); with n_cpu_moe or
+//   options.graphs = false nothing is captured. A capture that an exception interrupts ends,
+//   discarded, and the stream stays usable.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
+#include <stdexcept>
 #include <string_view>
 
 #include <clover/backend/cuda/cuda.hpp>
@@ -127,6 +135,26 @@ TEST_CASE("cuda host side: one read-back per pass, no steady-state allocation, v
             CHECK(d.bad_launches == 0);
             CHECK(d.launches == b[name].dev.launches);  // the same launches for other tokens (see above)
             CHECK(d.h2d == b[name].dev.h2d);
+            // Graphs: the pass is captured and launched as one graph; the second pass of the
+            // shape after warm-up updates the executable the first one instantiated.
+            const auto& e = b[name].dev;
+            std::printf("  graphs: %lld captures, %lld graph launches (%lld kernels), %lld direct launches, %lld/%lld "
+                        "instantiations, %lld/%lld updates\n",
+                        (long long)d.captures, (long long)d.graph_launches, (long long)d.graph_kernels, (long long)d.direct_launches,
+                        (long long)d.instantiations, (long long)e.instantiations, (long long)d.updates, (long long)e.updates);
+            CHECK(d.captures == 1);
+            CHECK(d.graph_launches == 1);
+            CHECK(d.direct_launches == 0);
+            CHECK(d.graph_kernels == std::int64_t(d.launches.size()));
+            CHECK(d.capture_violations == 0);
+            CHECK(d.instantiations + d.updates == 1);
+            CHECK(e.graph_launches == 1);
+            CHECK(e.direct_launches == 0);
+            CHECK(e.instantiations == 0);  // the same shape again: updated, not instantiated
+            CHECK(e.updates == 1);
+            CHECK(e.update_refusals == 0);
+            CHECK(e.capture_violations == 0);
+            CHECK(e.graph_execs == d.graph_execs);  // ... the same executable
         }
         // Opening and closing sequences once the pool has grown: no cudaMalloc, no cudaFree (a
         // server does this for every request while other sequences' passes are queued).
@@ -175,8 +203,14 @@ TEST_CASE("cuda host side: generation reads back once per pass (AR, LowConfidenc
         }
         auto s = m.new_session({.ctx = 128});
         auto r = record(m, [&] { st = decode::generate(m, s, prompt, o, [&](token) { ++n; return true; }, dec); });
-        std::printf("cuda host side: %s: %lld tokens, %lld passes, %lld read-backs, %lld allocations\n", name,
-                    (long long)st.tokens, (long long)st.passes(), (long long)r.dev.d2h, (long long)r.dev.mallocs);
+        std::printf("cuda host side: %s: %lld tokens, %lld passes, %lld read-backs, %lld allocations; %lld graph launches, "
+                    "%lld instantiations, %lld updates, %lld kernels launched directly\n",
+                    name, (long long)st.tokens, (long long)st.passes(), (long long)r.dev.d2h, (long long)r.dev.mallocs,
+                    (long long)r.dev.graph_launches, (long long)r.dev.instantiations, (long long)r.dev.updates,
+                    (long long)r.dev.direct_launches);
+        CHECK(r.dev.capture_violations == 0);
+        CHECK(r.dev.graph_launches > 0);
+        CHECK(r.dev.graph_launches <= r.passes);
         CHECK(n == 24);
         CHECK(st.passes() == r.passes);
         // One read-back for each pass that asks for logits rows (a LowConfidence block's commit
@@ -196,4 +230,252 @@ TEST_CASE("cuda host side: generation reads back once per pass (AR, LowConfidenc
     run(decode::ar{}, "ar");
     run(decode::low_confidence{.block = 8, .threshold = 0.95f}, "low_confidence");
     run(decode::self_speculative{.block = 4}, "self_speculative");
+}
+
+TEST_CASE("cuda host side, graphs: decode steps at growing positions launch one executable, updated in place") {
+    const std::string path = testutil::synth_file("h_pattern40_f32.gguf", pattern_40(40, dtype::f32));
+    traced m(load(path), {.threads = 2});
+    auto s = m.new_session({.ctx = 256});
+    std::vector<float> lg;
+    m.commit(s, ids(9, 5), logits_rows::last, lg);
+    for (int i = 0; i < 3; ++i) m.commit(s, ids(1, 50 + std::uint64_t(i)), logits_rows::last, lg);  // eager, then captured
+    const int steps = 40;  // positions 12 .. 51: the rope and cache-length arguments change every step
+    auto r = record(m, [&] {
+        for (int i = 0; i < steps; ++i) m.commit(s, ids(1, 100 + std::uint64_t(i)), logits_rows::last, lg);
+    });
+    const auto& d = r.dev;
+    CHECK(r.passes == steps);
+    CHECK(d.graph_launches == steps);
+    CHECK(d.direct_launches == 0);
+    CHECK(d.captures == steps);
+    CHECK(d.instantiations == 0);
+    CHECK(d.updates == steps);
+    CHECK(d.capture_violations == 0);
+    REQUIRE(d.graph_execs.size() == std::size_t(steps));
+    for (std::int64_t x : d.graph_execs) CHECK(x == d.graph_execs.front());
+    CHECK(d.d2h == steps);
+    CHECK(d.host_waits <= 2 * steps);
+    CHECK(d.mallocs == 0);
+    CHECK(d.frees == 0);
+}
+
+TEST_CASE("cuda host side, graphs: none with n_cpu_moe > 0 or graphs = false; the old figures hold") {
+    const std::string path = testutil::synth_file("h_pattern40_f32.gguf", pattern_40(40, dtype::f32));
+    for (int mode = 0; mode < 2; ++mode) {
+        CAPTURE(mode);  // 0: graphs = false, 1: n_cpu_moe = 2
+        backend::cuda_options o{.threads = 2};
+        if (mode == 0) o.graphs = false;
+        else o.n_cpu_moe = 2;
+        traced m(load(path), o);
+        (void)pass_kinds(m, 7);
+        auto a = pass_kinds(m, 1), b = pass_kinds(m, 99);
+        for (auto& [name, r] : a) {
+            CAPTURE(name);
+            const auto& d = r.dev;
+            CHECK(d.captures == 0);
+            CHECK(d.graph_launches == 0);
+            CHECK(d.instantiations == 0);
+            CHECK(d.direct_launches == std::int64_t(d.launches.size()));
+            CHECK(d.direct_launches > 0);
+            CHECK(d.capture_violations == 0);
+            CHECK(d.mallocs == 0);
+            CHECK(d.frees == 0);
+            CHECK(d.bad_launches == 0);
+            CHECK(d.launches == b[name].dev.launches);
+            if (mode == 0) {
+                CHECK(d.d2h == 1);
+                CHECK(d.host_waits >= 1);
+                CHECK(d.host_waits <= 2);
+            } else {
+                CHECK(d.d2h > 1);  // the host experts' round trips (their input and routing)
+            }
+        }
+    }
+}
+
+namespace {
+
+// A standalone backend driven primitive by primitive: an embedding of `rows` tokens and a
+// read-back of no rows, the smallest whole pass.
+struct mini {
+    backend::cuda be{{.threads = 1}};
+    std::vector<std::byte> table = std::vector<std::byte>(std::size_t(64 * 16 * 4), std::byte{1});
+    weight w;
+    mini() {
+        w.data = table.data();
+        w.type = dtype::f32;
+        w.rows = 64;
+        w.cols = 16;
+        w.row_bytes = 16 * 4;
+        w.name = "token_embd.weight";
+    }
+    // throw_mid: an exception leaves the pass after embed; grow: a scratch buffer grows after it.
+    void pass(std::int64_t rows, const weight& emb, bool throw_mid = false, std::int64_t grow = 0) {
+        std::vector<token> t(std::size_t(rows), 3);
+        batch bt;
+        bt.add(0, pass_kind::commit, t, 0);
+        auto cx = be.begin_pass();
+        auto h = cx.get(backend::buf::h, rows, 16);
+        (void)cx.get(backend::buf::y, 1, 16);
+        be.embed(cx, bt, emb, h);
+        if (throw_mid) throw std::runtime_error("an error in the middle of the pass");
+        if (grow) (void)cx.get(backend::buf::y, grow, 16);
+        auto lg = cx.get(backend::buf::logits, 0, 16);
+        be.read_logits(cx, lg, nullptr);
+    }
+    bool capturing() {
+        cudaStreamCaptureStatus st{};
+        REQUIRE(cudaStreamIsCapturing(be.stream(), &st) == cudaSuccess);
+        return st != cudaStreamCaptureStatusNone;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("cuda host side, graphs: an exception ends the capture; a weight or a buffer new inside one") {
+    const std::int64_t execs0 = cudastub::live_execs();
+    {
+        mini g;
+        g.pass(7, g.w);  // eager: the shape is new
+        cudastub::reset();
+        g.pass(7, g.w);
+        auto c = cudastub::snapshot();
+        CHECK(c.captures == 1);
+        CHECK(c.instantiations == 1);
+        CHECK(c.graph_launches == 1);
+        CHECK(c.direct_launches == 0);
+
+        // An exception in the middle: the capture is discarded, nothing launched, the stream
+        // leaves capture mode and the next pass of the shape runs eagerly, the one after is
+        // captured again.
+        cudastub::reset();
+        CHECK_THROWS_WITH(g.pass(7, g.w, true), "an error in the middle of the pass");
+        c = cudastub::snapshot();
+        CHECK(c.captures == 1);
+        CHECK(c.graph_launches == 0);
+        CHECK(c.capture_violations == 0);
+        CHECK_FALSE(g.capturing());
+        cudastub::reset();
+        g.pass(7, g.w);
+        c = cudastub::snapshot();
+        CHECK(c.captures == 0);
+        CHECK(c.direct_launches == 1);
+        cudastub::reset();
+        g.pass(7, g.w);
+        c = cudastub::snapshot();
+        CHECK(c.captures == 1);
+        CHECK(c.graph_launches == 1);
+
+        // A weight first used inside a capture is uploaded on the upload stream and waited for
+        // there (a wait on the capturing stream would be refused): in place when dev() returns.
+        std::vector<std::byte> other(g.table.size());
+        for (std::size_t i = 0; i < other.size(); ++i) other[i] = std::byte(i * 7 + 1);
+        weight w2 = g.w;
+        w2.data = other.data();
+        cudastub::reset();
+        g.pass(7, w2);
+        c = cudastub::snapshot();
+        CHECK(c.capture_violations == 0);
+        CHECK(c.graph_launches == 1);
+        const auto& dm = g.be.dev(w2);
+        CHECK(std::memcmp(dm.data, other.data(), other.size()) == 0);
+
+        // A scratch buffer that grows inside a capture keeps its old block until the graph ran
+        // (earlier nodes name it; a free inside a capture is refused): freed after, not during.
+        cudastub::reset();
+        g.pass(7, g.w, false, 1000);
+        c = cudastub::snapshot();
+        CHECK(c.capture_violations == 0);
+        CHECK(c.graph_launches == 1);
+        CHECK(c.mallocs == 1);
+        CHECK(c.frees == 1);
+
+        // At most 16 shapes keep an executable (least recently used evicted).
+        for (std::int64_t rows = 1; rows <= 20; ++rows) {
+            g.pass(rows, g.w);
+            g.pass(rows, g.w);
+        }
+        CHECK(cudastub::live_execs() - execs0 == std::int64_t(backend::cuda_detail::graph_cache::default_capacity));
+    }
+    CHECK(cudastub::live_execs() == execs0);  // destroyed with the backend
+}
+
+static __global__ void stub_probe_kernel(int* p) { *p = 1; }
+static __global__ void stub_probe_kernel2(int* p) { *p = 2; }
+
+TEST_CASE("recording runtime: capture records, a launch runs the nodes then; what breaks a capture fails") {
+    cudaStream_t s = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    int *dev = nullptr, *pin = nullptr;
+    REQUIRE(cudaMalloc(reinterpret_cast<void**>(&dev), 4) == cudaSuccess);
+    REQUIRE(cudaHostAlloc(reinterpret_cast<void**>(&pin), 4, 0) == cudaSuccess);
+    auto capture = [&](bool second_kernel) {
+        REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+        CHECK(cudaMemcpyAsync(dev, pin, 4, cudaMemcpyHostToDevice, s) == cudaSuccess);
+        stub_probe_kernel<<<1, 32, 0, s>>>(dev);
+        if (second_kernel) stub_probe_kernel2<<<1, 32, 0, s>>>(dev);
+        cudaGraph_t g = nullptr;
+        REQUIRE(cudaStreamEndCapture(s, &g) == cudaSuccess);
+        return g;
+    };
+    cudastub::reset();
+    *pin = 5;
+    cudaGraph_t g = capture(false);
+    *pin = 9;  // a copy node reads its source when the graph runs
+    auto c = cudastub::snapshot();
+    CHECK(c.h2d == 0);
+    CHECK(c.launches.empty());
+    cudaGraphExec_t x = nullptr;
+    REQUIRE(cudaGraphInstantiate(&x, g, 0) == cudaSuccess);
+    REQUIRE(cudaGraphDestroy(g) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(x, s) == cudaSuccess);
+    CHECK(*dev == 9);
+    c = cudastub::snapshot();
+    CHECK(c.h2d == 1);
+    CHECK(c.graph_launches == 1);
+    CHECK(c.graph_kernels == 1);
+    CHECK(c.direct_launches == 0);
+    REQUIRE(c.launches.size() == 1);
+
+    // Update: the same nodes are taken, another topology is refused.
+    g = capture(false);
+    cudaGraphExecUpdateResultInfo info{};
+    CHECK(cudaGraphExecUpdate(x, g, &info) == cudaSuccess);
+    CHECK(info.result == cudaGraphExecUpdateSuccess);
+    REQUIRE(cudaGraphDestroy(g) == cudaSuccess);
+    g = capture(true);
+    CHECK(cudaGraphExecUpdate(x, g, &info) == cudaErrorGraphExecUpdateFailure);
+    CHECK(info.result == cudaGraphExecUpdateErrorTopologyChanged);
+    CHECK(cudaGetLastError() == cudaErrorGraphExecUpdateFailure);
+    REQUIRE(cudaGraphDestroy(g) == cudaSuccess);
+    REQUIRE(cudaGraphExecDestroy(x) == cudaSuccess);
+
+    // A wait on the capturing stream, a synchronous copy, a free and a pageable copy fail and
+    // invalidate the capture.
+    std::vector<int> pageable(1, 0);
+    for (int what = 0; what < 4; ++what) {
+        CAPTURE(what);
+        cudastub::reset();
+        REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+        cudaError_t e = cudaSuccess;
+        if (what == 0) e = cudaStreamSynchronize(s);
+        if (what == 1) e = cudaMemcpy(pin, dev, 4, cudaMemcpyDeviceToHost);
+        if (what == 2) e = cudaFree(dev);
+        if (what == 3) e = cudaMemcpyAsync(dev, pageable.data(), 4, cudaMemcpyHostToDevice, s);
+        CHECK(e == cudaErrorStreamCaptureUnsupported);
+        (void)cudaGetLastError();
+        cudaStreamCaptureStatus st{};
+        REQUIRE(cudaStreamIsCapturing(s, &st) == cudaSuccess);
+        CHECK(st == cudaStreamCaptureStatusInvalidated);
+        g = nullptr;
+        CHECK(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated);
+        CHECK(g == nullptr);
+        (void)cudaGetLastError();
+        CHECK(cudastub::snapshot().capture_violations == 1);
+    }
+    // Outside a capture the same calls are fine.
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(cudaFree(dev) == cudaSuccess);
+    CHECK(cudaFreeHost(pin) == cudaSuccess);
+    CHECK(cudaStreamDestroy(s) == cudaSuccess);
 }

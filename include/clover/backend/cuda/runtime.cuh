@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "clover/core/error.hpp"
 #include "clover/quant/half.hpp"
@@ -31,6 +32,43 @@ inline int device_count() noexcept {
         return 0;
     }
     return n;
+}
+
+// Blocks a grow-only buffer gave up while a stream capture was open on this thread (a pass
+// being captured into a CUDA graph, graph.cuh). Such a block may not be freed yet: nodes
+// captured earlier in the pass still name it and run only when the graph is launched, and a
+// cudaFree inside a capture would be an implicit device synchronisation. The capturing pass
+// frees them after its graph has run. Per thread: a pass's primitives run on one host thread.
+struct retired_blocks {
+    std::vector<void*> device, host;
+    retired_blocks() = default;
+    retired_blocks(const retired_blocks&) = delete;
+    retired_blocks& operator=(const retired_blocks&) = delete;
+    ~retired_blocks() { free_all(); }
+    void free_all() noexcept {
+        for (void* p : device) (void)cudaFree(p);
+        for (void* p : host) (void)cudaFreeHost(p);
+        device.clear();
+        host.clear();
+    }
+};
+// Where this thread's buffers retire their blocks (null: no capture open, they free at once).
+inline retired_blocks*& retire_list() noexcept {
+    static thread_local retired_blocks* list = nullptr;
+    return list;
+}
+// Frees p (cudaFree or cudaFreeHost) now, or hands it to the open capture's list.
+inline void free_or_retire(void* p, bool host) noexcept {
+    if (!p) return;
+    if (retired_blocks* r = retire_list()) {
+        try {
+            (host ? r->host : r->device).push_back(p);
+            return;
+        } catch (...) {  // no host memory for the list: leaked, since freeing could break the graph
+            return;
+        }
+    }
+    (void)(host ? cudaFreeHost(p) : cudaFree(p));
 }
 
 // Grow-only device allocation (the hot path reuses it; it never shrinks).
@@ -65,7 +103,7 @@ public:
 
 private:
     void release() noexcept {
-        if (p_) (void)cudaFree(p_);
+        free_or_retire(p_, false);
         p_ = nullptr;
         n_ = 0;
     }
@@ -102,7 +140,7 @@ public:
 
 private:
     void release() noexcept {
-        if (p_) (void)cudaFreeHost(p_);
+        free_or_retire(p_, true);
         p_ = nullptr;
         n_ = 0;
     }
