@@ -204,6 +204,13 @@ CUDA_TEST_CASE("fused GDN step (gates + recurrence + gated norm) equals the CPU 
         cd::gdn_scan(a, L, nullptr);
         CHECK(rel(dout.host(), o) < 1e-5f);
         CHECK(rel(dS.host(), Sc) < 1e-5f);
+        // The register-resident form (what gdn_scan launches for dk <= 128) is the global-memory
+        // kernel's arithmetic in the same order: the same bits, outputs and state.
+        dvec<float> dSg(S), doutg(o.size());
+        cd::gdn_scan_args ag{dSg.p(), dy.p(), db.p(), dg.p(), dA.p(), ddt.p(), doutg.p(), dnw.p(), dz.p(), 1e-6f, n};
+        cd::gdn_scan(ag, L, nullptr, /*force_global=*/true);
+        CHECK(doutg.host() == dout.host());
+        CHECK(dSg.host() == dS.host());
         // Unfused: pre-gated inputs, no norm.
         dvec<float> dS2(S), db2(beta), dg2(g), dout2(o.size());
         cd::gdn_scan_args a2{dS2.p(), dy.p(), db2.p(), dg2.p(), nullptr, nullptr, dout2.p(), nullptr, nullptr, 1e-6f, n};
@@ -331,31 +338,86 @@ CUDA_TEST_CASE("attention over the KV cache equals the CPU: causal rows and prev
     }
 }
 
-CUDA_TEST_CASE("CUB routing: top-k with ties to the lower index, coreset masks, equal to route_row/select_coreset") {
-    for (auto [n, X, k, C] : {std::tuple{std::int64_t(1), std::int64_t(5), 3, std::int64_t(0)}, {7, 8, 2, 4},
-                              {33, 256, 8, 16}, {5, 300, 10, 3}, {4, 512, 8, 600}}) {
-        CAPTURE(n); CAPTURE(X); CAPTURE(k); CAPTURE(C);
-        auto logits = testutil::random_vec(static_cast<std::size_t>(n * X), 101, -3.f, 3.f);
-        for (std::int64_t t = 0; t < n; ++t) logits[t * X + X - 1] = logits[t * X + 1];  // ties
-        auto probs = logits;
-        for (std::int64_t t = 0; t < n; ++t) math::softmax(probs.data() + t * X, X);
-        auto allowed = cpud::select_coreset(probs.data(), n, X, C);
-        const int kk = allowed.empty() ? k : int(std::min<std::int64_t>(k, std::int64_t(allowed.size())));
-        std::vector<std::int32_t> ids(static_cast<std::size_t>(n * kk));
-        std::vector<float> w(ids.size());
-        for (std::int64_t t = 0; t < n; ++t) cpud::route_row(probs.data() + t * X, X, kk, allowed, ids.data() + t * kk, w.data() + t * kk);
-        dvec<float> dp(probs);
-        dvec<std::uint8_t> mask(static_cast<std::size_t>(X));
-        cd::coreset(dp.p(), n, X, C, mask.p(), nullptr);
-        auto m = mask.host();
-        for (std::int64_t e = 0; e < X; ++e)
-            CHECK(bool(m[e]) == (allowed.empty() || std::find(allowed.begin(), allowed.end(), e) != allowed.end()));
-        dvec<int> did(ids.size());
-        dvec<float> dw(w.size());
-        cd::route_topk(dp.p(), n, X, kk, mask.p(), did.p(), dw.p(), nullptr);
-        auto gi = did.host();
-        CHECK(std::equal(gi.begin(), gi.end(), ids.begin()));
-        CHECK(rel(dw.host(), w) < 1e-6f);
+// The fused routing kernel (one launch per layer) against the CPU's moe_route on the same batch:
+// decode rows, prefill rows (groups of 8 and a remainder), a preview block with a coreset, one
+// whose coreset is smaller than k, one without and one with C >= X; odd expert counts; ties
+// forced (equal logits within a row, whole rows equal so coreset scores tie too, rows where seven
+// of every eight experts are 200 below the rest: probability exactly 0, tied). The device softmax
+// agrees with math::softmax to rounding (its exp and summation order are the device's), and so do
+// the weights; given the device's probabilities, the coreset, the top-k ids and the weights are
+// the CPU's bit for bit. (Ids against the CPU's own probabilities could differ at a near tie of
+// two probabilities within an ulp or two, so only the weights are compared there.)
+CUDA_TEST_CASE("fused routing (softmax, coreset, top-k in one kernel) equals the CPU's moe_route: ties, odd expert counts, mixed batches") {
+    for (std::int64_t X : {7, 37, 256, 512}) {
+        for (int k : {1, 2, 3, 4, 5, 6, 7, 8, 64}) {
+            if (k > X) continue;
+            for (bool mixed : {true, false}) {
+                CAPTURE(X); CAPTURE(k); CAPTURE(mixed);
+                auto toks = [](std::int64_t n) { return std::vector<token>(std::size_t(n), 1); };
+                const std::int64_t C = std::max<std::int64_t>(1, X / 4);
+                batch bt;
+                std::int64_t wide0 = 0, wide1 = 0, flat0 = 0, flat1 = 0;  // rows with zero probabilities, with equal logits
+                if (mixed) {
+                    bt.add(0, pass_kind::commit, toks(1), 10, 1);
+                    bt.add(1, pass_kind::preview, toks(32), 4, 32, C);
+                    bt.add(2, pass_kind::preview, toks(5), 7, 5, 0);
+                    wide0 = bt.rows();
+                    bt.add(3, pass_kind::commit, toks(11), 0, 1);
+                    wide1 = flat0 = bt.rows();
+                    bt.add(4, pass_kind::preview, toks(5), 2, 5, 2);  // coreset 2, smaller than k for k > 2
+                    flat1 = bt.rows();
+                    bt.add(5, pass_kind::preview, toks(3), 1, 3, X);  // C >= X: no restriction
+                } else {
+                    bt.add(0, pass_kind::commit, toks(11), 0, 1);
+                    bt.add(1, pass_kind::commit, toks(1), 3, 1);
+                    bt.add(2, pass_kind::verify, toks(3), 5, 3);
+                    wide0 = 0;
+                    wide1 = 6;
+                    flat0 = 11;
+                    flat1 = 12;
+                }
+                const std::int64_t n = bt.rows();
+                auto logits = testutil::random_vec(std::size_t(n * X), 500 + std::uint64_t(X * 100 + k), -4.f, 4.f);
+                for (std::int64_t t = 0; t < n; ++t) {
+                    float* l = logits.data() + t * X;
+                    if (t >= wide0 && t < wide1)
+                        for (std::int64_t e = 0; e < X; ++e)
+                            if (e % 8 != 0) l[e] -= 200.f;  // exp(-196) underflows to 0 on both sides
+                    if (t >= flat0 && t < flat1) std::fill(l, l + X, 0.25f);
+                    l[X - 1] = l[X / 2];  // a tie in every row
+                    if (t == 0) std::fill(l, l + X, -1.5f);
+                }
+                const backend::moe_shape ms{X, k, 0, 0};
+                auto cprobs = logits;
+                std::vector<std::int32_t> cids(std::size_t(n * k));
+                std::vector<float> cw(cids.size());
+                cpud::moe_route(bt, ms, cprobs.data(), cids.data(), cw.data());
+
+                std::vector<cd::route_group> groups;
+                cd::route_groups(bt, X, groups);
+                CHECK(groups.empty() == !mixed);
+                dvec<float> dp(logits), dw(cw.size());
+                dvec<int> did(cids.size());
+                dvec<cd::route_group> dg(groups);
+                cd::route(dp.p(), n, X, k, groups.empty() ? nullptr : dg.p(), std::int64_t(groups.size()), did.p(), dw.p(), nullptr);
+                const auto gp = dp.host();
+                const auto gi = did.host();
+                const auto gw = dw.host();
+                CHECK(rel(gp, cprobs) < 1e-6f);
+                CHECK(rel(gw, cw) < 1e-6f);
+
+                std::vector<std::int32_t> rids(cids.size()), cand;
+                std::vector<float> rw(cw.size());
+                for (const segment& sg : bt.segments()) {
+                    const auto allowed = sg.kind == pass_kind::preview ? cpud::select_coreset(gp.data() + sg.row0 * X, sg.n, X, sg.coreset)
+                                                                       : std::vector<std::int32_t>{};
+                    for (std::int64_t t = sg.row0; t < sg.row0 + sg.n; ++t)
+                        cpud::route_row(gp.data() + t * X, X, k, allowed, rids.data() + t * k, rw.data() + t * k, cand);
+                }
+                CHECK(std::equal(gi.begin(), gi.end(), rids.begin()));
+                CHECK(std::memcmp(gw.data(), rw.data(), rw.size() * sizeof(float)) == 0);
+            }
+        }
     }
 }
 
@@ -413,6 +475,75 @@ CUDA_TEST_CASE("expert-grouped products (CUB sort/scan grouping) and the shared 
                 cd::moe_scratch sc;
                 cd::moe_experts(gate, &up, down, dx.p(), did.p(), dw.p(), dout.p(), n, k, sc, nullptr, &shared);
                 CHECK(rel(dout.host(), want) < 1e-5f);
+            }
+        }
+    }
+}
+
+// Host-side parts of the routing kernel (no GPU needed): the group table, and the __host__
+// __device__ helpers the kernel runs (coreset ranks, the renormalisation) against the CPU twins.
+TEST_CASE("routing groups: one per preview segment with a coreset, up to 8 rows otherwise, no table without a coreset") {
+    auto toks = [](std::int64_t n) { return std::vector<token>(std::size_t(n), 1); };
+    std::vector<cd::route_group> g;
+    batch plain;
+    plain.add(0, pass_kind::commit, toks(20), 0);
+    plain.add(1, pass_kind::preview, toks(4), 3, 4, 0);
+    plain.add(2, pass_kind::preview, toks(4), 3, 4, 64);  // C >= X: no restriction
+    cd::route_groups(plain, 64, g);
+    CHECK(g.empty());
+    batch mixed;
+    mixed.add(0, pass_kind::commit, toks(1), 9);
+    mixed.add(1, pass_kind::preview, toks(32), 4, 32, 16);
+    mixed.add(2, pass_kind::commit, toks(17), 0);
+    mixed.add(3, pass_kind::preview, toks(3), 4, 3, 0);
+    cd::route_groups(mixed, 64, g);
+    const std::vector<std::array<int, 3>> want{{0, 1, 0}, {1, 32, 16}, {33, 8, 0}, {41, 8, 0}, {49, 1, 0}, {50, 3, 0}};
+    REQUIRE(g.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+        CAPTURE(i);
+        CHECK(g[i].row0 == want[i][0]);
+        CHECK(g[i].n == want[i][1]);
+        CHECK(g[i].coreset == want[i][2]);
+    }
+}
+
+TEST_CASE("routing kernel helpers: coreset ranks select select_coreset's experts, route_finish writes route_row's slots") {
+    for (auto [n, X] : {std::pair{std::int64_t(1), 7}, {5, 37}, {32, 256}, {3, 512}}) {
+        CAPTURE(n); CAPTURE(X);
+        auto probs = testutil::random_vec(std::size_t(n * X), 700 + std::uint64_t(X), 0.f, 1.f);
+        for (std::int64_t t = 0; t < n; ++t) {
+            probs[t * X + X - 1] = probs[t * X + 1];  // scores tie: lower index first
+            probs[t * X + X / 2] = probs[t * X + 1];
+        }
+        std::vector<double> score(std::size_t(X), 0.0);  // as the kernel: double, rows in order
+        for (std::int64_t t = 0; t < n; ++t)
+            for (int e = 0; e < X; ++e) score[std::size_t(e)] += probs[t * X + e];
+        for (std::int64_t C : {std::int64_t(1), std::int64_t(2), std::int64_t(X / 3 + 1), std::int64_t(X - 1)}) {
+            if (C >= X) continue;
+            CAPTURE(C);
+            const auto allowed = cpud::select_coreset(probs.data(), n, X, C);
+            std::vector<std::int32_t> got;
+            for (int e = 0; e < X; ++e)
+                if (cd::coreset_rank(score.data(), X, e, int(C)) < C) got.push_back(e);
+            CHECK(got == allowed);
+            // The kernel's slots: the allowed experts in route_before order, then route_finish.
+            for (int k : {1, 3, 8}) {
+                CAPTURE(k);
+                for (std::int64_t t = 0; t < n; ++t) {
+                    const float* p = probs.data() + t * X;
+                    std::vector<std::int32_t> order = allowed;
+                    std::sort(order.begin(), order.end(), [&](int a, int b) { return cd::route_before(p[a], a, p[b], b); });
+                    const int kk = std::min<int>(k, int(order.size()));
+                    std::vector<float> top_p(static_cast<std::size_t>(kk));
+                    for (int j = 0; j < kk; ++j) top_p[std::size_t(j)] = p[order[std::size_t(j)]];
+                    std::vector<int> ids(static_cast<std::size_t>(k)), want_ids(ids.size());
+                    std::vector<float> w(ids.size()), want_w(ids.size());
+                    std::vector<std::int32_t> cand;
+                    cd::route_finish(top_p.data(), order.data(), kk, k, ids.data(), w.data());
+                    cpud::route_row(p, X, k, allowed, want_ids.data(), want_w.data(), cand);
+                    CHECK(ids == want_ids);
+                    CHECK(std::memcmp(w.data(), want_w.data(), w.size() * sizeof(float)) == 0);
+                }
             }
         }
     }

@@ -44,8 +44,10 @@ TEST_CASE("argument checks before any launch: k past max_experts_used, ungrouped
                          doctest::Contains("k = 65 experts per row is out of range (1..64)"), error);
     CHECK_THROWS_WITH_AS(cd::moe_experts(m, nullptr, m, nullptr, nullptr, nullptr, nullptr, 3, 0, sc, nullptr),
                          doctest::Contains("k = 0"), error);
-    CHECK_THROWS_WITH_AS(cd::route_topk(nullptr, 3, 100, k, nullptr, nullptr, nullptr, nullptr),
+    CHECK_THROWS_WITH_AS(cd::route(nullptr, 3, 100, k, nullptr, 0, nullptr, nullptr, nullptr),
                          doctest::Contains("k = 65 experts per row is out of range"), error);
+    CHECK_THROWS_WITH_AS(cd::route(nullptr, 3, cd::max_experts + 1, 8, nullptr, 0, nullptr, nullptr, nullptr),
+                         doctest::Contains("513 experts are outside the kernel's 1..512"), error);
     cd::attn_args a{};
     a.H = 6;
     a.Hkv = 4;

@@ -4,21 +4,26 @@
 // (it pulls in the .cuh kernels); CPU-only builds never see it.
 //
 // Device-resident (execution.md §2–3): weights are uploaded once (on first use, through pinned
-// staging on the backend's stream); KV pages, GDN states, conv rings, checkpoints and verify
+// staging on an upload stream); KV pages, GDN states, conv rings, checkpoints and verify
 // records live in a device state pool (state.cuh); every primitive is a kernel (or a CUB call)
 // on one stream over the pass's device scratch. A pass uploads its batch (token ids, then the
-// rows' page tables at its first attention layer) and reads back once: read_logits, the only
+// rows' page tables at its first attention layer, and its routing groups at its first MoE layer
+// when a preview block has an expert coreset) and reads back once: read_logits, the only
 // synchronisation. The exception is `n_cpu_moe`: layers whose experts stay in host memory copy
-// their MoE input to the host and the result back (two more synchronisations per such layer).
+// their MoE input to the host (one more synchronisation per such layer) and the result back.
+// Once a pass of a shape has run, later passes of that shape are captured into a CUDA graph and
+// launched as one (graph.cuh; options.graphs, off with n_cpu_moe).
 #if !defined(__CUDACC__)
 #error "clover/backend/cuda/cuda.hpp must be compiled by nvcc (a .cu file, CLOVER_CUDA=ON); use backend::cpu otherwise"
 #endif
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,6 +35,7 @@
 #include "clover/backend/cpu/cpu.hpp"
 #include "clover/backend/cuda/attention.cuh"
 #include "clover/backend/cuda/gdn.cuh"
+#include "clover/backend/cuda/graph.cuh"
 #include "clover/backend/cuda/matmul.cuh"
 #include "clover/backend/cuda/moe.cuh"
 #include "clover/backend/cuda/ops.cuh"
@@ -46,6 +52,7 @@ struct cuda_options {
     int n_cpu_moe = 0;  // --n-cpu-moe N: the routed experts of layers 0..N-1 stay in host memory
                         // and are computed by the CPU (llama.cpp's meaning of the flag)
     std::size_t staging_bytes = std::size_t(64) << 20;  // pinned buffer weights are uploaded through
+    bool graphs = true;  // passes captured into CUDA graphs and replayed (graph.cuh); off with n_cpu_moe > 0
 };
 
 class cuda {
@@ -70,22 +77,36 @@ public:
     public:
         struct data {
             std::array<cuda_detail::device_buffer, std::size_t(buf::count)> bufs;
-            cuda_detail::device_buffer ids, wts, act, tokens, rows_idx, row_infos, page_ids, bases, mask;
+            cuda_detail::device_buffer ids, wts, act, tokens, rows_idx, row_infos, page_ids, bases, groups;
             cuda_detail::pinned_buffer pin_tokens, pin_rows, pin_infos, pin_pages, pin_bases, pin_out;
             cuda_detail::moe_scratch moe;
             cuda_detail::device_floats ring;  // the GDN ring's old rows while it advances
+            cuda_detail::device_buffer attn_parts;  // split attention's partials (pass.cuh), grow-only
             bool tables = false;  // row infos and page tables uploaded for this pass
+            std::int64_t groups_X = -1;  // the routing groups were built for X experts (-1: not yet this pass)
+            std::vector<cuda_detail::route_group> host_groups;
+            cuda_detail::pinned_buffer pin_groups;
+            cuda_detail::pending_norm norm;  // a norm not launched yet (rms_norm, add_rms_norm)
             std::int64_t n_chunks = 0;
             std::vector<cuda_detail::row_info> host_infos;
             std::vector<std::int32_t> host_pages, host_ids;
             std::vector<const std::byte*> host_bases;
-            std::vector<float> hx, hy, hw;  // n_cpu_moe round trips
+            cuda_detail::pinned_buffer pin_hx, pin_hy, pin_hw, pin_hids;  // n_cpu_moe round trips
+            // CUDA graphs (graph.cuh): the pass's shape, whether it is being captured, blocks its
+            // buffers gave up during the capture, and the exceptions in flight when it began.
+            cuda_detail::graph_key key;
+            bool keyed = false, capturing = false;
+            cuda_detail::retired_blocks retired;
+            int uncaught = 0;
         };
         context(cuda* owner, std::unique_ptr<data> d) : owner_(owner), d_(std::move(d)) {}
         context(context&&) = default;
         context& operator=(context&&) = delete;
         ~context() {
-            if (d_) owner_->release(std::move(d_));
+            if (!d_) return;
+            // An exception leaving the pass: a capture in progress is discarded, not launched.
+            const bool unwinding = std::uncaught_exceptions() > d_->uncaught;
+            owner_->release(std::move(d_), unwinding);
         }
         tensor get(buf b, std::int64_t rows, std::int64_t cols) {
             return {d_->bufs[std::size_t(b)].get<float>(std::size_t(std::max<std::int64_t>(1, rows * cols))), rows, cols};
@@ -108,6 +129,7 @@ public:
         if (o.staging_bytes == 0) fail("backend::cuda: staging_bytes must be positive");
         cuda_detail::device_guard on(o.device);
         stream_ = std::make_unique<cuda_detail::stream>();
+        upload_stream_ = std::make_unique<cuda_detail::stream>();
     }
     cuda(const cuda&) = delete;
     cuda& operator=(const cuda&) = delete;
@@ -149,21 +171,32 @@ public:
     }
     context begin_pass() {
         cuda_detail::device_guard on(opt_.device);
-        std::lock_guard lk(free_mu_);
+        graphs_.throw_deferred();  // a graph launch that failed in an earlier pass's release
+        graphs_.enter();           // waits while another thread's pass is being captured
         std::unique_ptr<context::data> d;
-        if (free_.empty()) {
-            d = std::make_unique<context::data>();
-        } else {
-            d = std::move(free_.back());
-            free_.pop_back();
+        try {
+            std::lock_guard lk(free_mu_);
+            if (free_.empty()) {
+                d = std::make_unique<context::data>();
+            } else {
+                d = std::move(free_.back());
+                free_.pop_back();
+            }
+        } catch (...) {
+            graphs_.leave();
+            throw;
         }
         d->tables = false;
+        d->groups_X = -1;
+        d->keyed = d->capturing = false;
+        d->uncaught = std::uncaught_exceptions();
         return context(this, std::move(d));
     }
 
     // ---- sequences ----
     void rollback(state& st, seq_id seq, std::int64_t keep, std::span<const std::int64_t> gdn_layers, const gdn_shape& g) {
         cuda_detail::device_guard on(opt_.device);
+        cuda_detail::stream_user busy(graphs_);  // its launches must not land in another thread's capture
         std::int64_t& start = st.verify_start(seq);
         const std::int64_t n = st.n_past(seq) - start;
         if (start < 0 || keep < 0 || keep > n) fail("rollback: cannot keep ", keep, " of ", start < 0 ? 0 : n, " verified rows");
@@ -182,34 +215,70 @@ public:
     // ---- primitives (backend/concept.hpp says what each computes) ----
     void embed(context& cx, const batch& bt, const weight& tok_embd, tensor h) {
         cuda_detail::device_guard on(opt_.device);
+        begin_capture(cx.scratch(), bt);  // the first primitive that sees the batch
+        flush_norm(cx);
         auto& d = cx.scratch();
         d.host_ids.assign(bt.tokens().begin(), bt.tokens().end());
         const int* ids = upload(d.pin_tokens, d.tokens, d.host_ids.data(), d.host_ids.size());
         const cuda_detail::device_matrix& w = dev(tok_embd);
         cuda_detail::embed_rows(w.type, w.data, w.row_bytes, ids, h.data, bt.rows(), h.cols, stream());
     }
-    void rms_norm(context&, tensor x, const weight& w, tensor out, float eps) {
+    // The norms are deferred (issue 16): recorded here, launched by the next primitive — fused
+    // with the conversion of its products' activations when that primitive reads `out` (matmul,
+    // the router's and the LM head's products), in one kernel otherwise (flush_norm). Every
+    // primitive runs a pending norm before reading anything, so the order of effects is kept
+    // (moe_ffn, in cuda_ffn.hpp, does not: it always follows moe_route, which does).
+    void rms_norm(context& cx, tensor x, const weight& w, tensor out, float eps) {
         cuda_detail::device_guard on(opt_.device);
-        cuda_detail::rms_norm(x.data, x.cols, f32(w), out.data, out.cols, x.rows, x.cols, eps, stream());
+        defer_norm(cx, x, nullptr, w, out, eps);
     }
-    void add_rms_norm(context&, tensor h, tensor y, const weight& w, tensor out, float eps) {
+    void add_rms_norm(context& cx, tensor h, tensor y, const weight& w, tensor out, float eps) {
         cuda_detail::device_guard on(opt_.device);
-        cuda_detail::add(h.data, y.data, h.rows * h.cols, stream());
-        cuda_detail::rms_norm(h.data, h.cols, f32(w), out.data, out.cols, h.rows, h.cols, eps, stream());
+        if (y.rows != h.rows || y.cols != h.cols)
+            fail("backend::cuda: add_rms_norm of [", y.rows, ", ", y.cols, "] onto [", h.rows, ", ", h.cols, "]");
+        defer_norm(cx, h, y.data, w, out, eps);
     }
+    // x is converted once per distinct activation type of the products (the GDN input projections
+    // qkv, z, beta, alpha share x), each type into its own part of the act scratch.
     void matmul(context& cx, const batch&, tensor x, std::span<const product_of<tensor>> prods) {
         cuda_detail::device_guard on(opt_.device);
-        for (const auto& p : prods) product(cx, *p.w, x.data, x.rows, p.y.data);
+        const std::int64_t n = x.rows, K = x.cols;
+        std::array<dtype, 4> types{};  // the non-F32 partner types: F16, BF16, Q8_0, Q8_K
+        std::array<std::size_t, 4> offs{};
+        int n_types = 0;
+        std::size_t total = 0;
+        for (const auto& p : prods) {
+            if (p.w->cols != K)
+                fail("backend::cuda: matmul of rows of ", K, " values with weight '", p.w->name, "' of ", p.w->cols, " columns");
+            const dtype at = quant::activation_type(dev(*p.w).type);
+            if (at == dtype::f32 || std::find(types.begin(), types.begin() + n_types, at) != types.begin() + n_types) continue;
+            if (n_types == int(types.size())) fail("backend::cuda: matmul: more activation types than expected");
+            types[std::size_t(n_types)] = at;
+            offs[std::size_t(n_types++)] = total;
+            total += (quant::row_bytes(at, K) * std::size_t(n) + 255) / 256 * 256;  // keeps each part 256-aligned
+        }
+        auto* act = cx.scratch().act.get<std::uint8_t>(std::max<std::size_t>(1, total));
+        if (n_types == 0) convert(cx, x.data, n, K, dtype::f32, nullptr);  // runs a pending norm
+        for (int t = 0; t < n_types; ++t) convert(cx, x.data, n, K, types[std::size_t(t)], act + offs[std::size_t(t)]);
+        for (const auto& p : prods) {
+            const cuda_detail::device_matrix& w = dev(*p.w);
+            const dtype at = quant::activation_type(w.type);
+            const auto t = std::size_t(std::find(types.begin(), types.begin() + n_types, at) - types.begin());
+            void* a = at == dtype::f32 ? nullptr : act + offs[t];
+            cuda_detail::matmul(w, x.data, p.y.data, n, a, stream(), 0, nullptr, -1, /*converted=*/true);
+        }
     }
     void attn_prepare(context& cx, const batch& bt, state& st, std::int64_t layer, const attention_shape& a,
                       const attention_norms& nw, tensor qg, tensor k, tensor v, tensor q, tensor gate) {
         cuda_detail::device_guard on(opt_.device);
+        flush_norm(cx);
         const std::int64_t n = bt.rows(), H = a.n_head, Hkv = a.n_head_kv, hd = a.head_dim;
         const cudaStream_t s = stream();
         // The attention kernel's limits, checked before this layer writes its KV rows.
-        if (hd > 32 * cuda_detail::pattn_dims_per_lane || Hkv < 1 || H % Hkv != 0)
+        if (!cuda_detail::split_attention_fits(H, Hkv, hd, cuda_detail::pattn_smem_optin(opt_.device)))
             fail("backend::cuda: attention with ", H, " heads over ", Hkv, " KV heads of ", hd,
-                 " dims is outside the kernel's limits (head_dim <= ", 32 * cuda_detail::pattn_dims_per_lane, ", heads grouped evenly)");
+                 " dims is outside the kernel's limits (head_dim <= ", 32 * cuda_detail::pattn_dims_per_lane,
+                 ", heads grouped evenly, shared memory)");
         cuda_detail::split_qg(qg.data, q.data, gate.data, n * H, hd, s);
         cuda_detail::rms_norm(q.data, hd, f32(*nw.q_norm), q.data, hd, n * H, hd, a.rms_eps, s);
         cuda_detail::rms_norm(k.data, hd, f32(*nw.k_norm), k.data, hd, n * Hkv, hd, a.rms_eps, s);
@@ -228,15 +297,20 @@ public:
     void attention(context& cx, const batch& bt, state& st, std::int64_t layer, const attention_shape& a, tensor q,
                    tensor gate, tensor k, tensor v, tensor out) {
         cuda_detail::device_guard on(opt_.device);
+        flush_norm(cx);
         tables(cx, bt, st);
-        cuda_detail::paged_attn_args pa{q.data, gate.data, k.data, v.data, out.data,
+        // A row's keys: pos + 1 (commit/verify) or pos0 + n (preview), so at most its segment's pos0 + n.
+        std::int64_t max_keys = 0;
+        for (const segment& sg : bt.segments()) max_keys = std::max(max_keys, sg.pos0 + sg.n);
+        cuda_detail::paged_attn_args pa{q.data, gate.data, k.data, v.data, out.data, nullptr,
                                         cx.scratch().row_infos.get<cuda_detail::row_info>(), layout(cx, st, layer),
                                         a.n_head, a.n_head_kv, a.head_dim, a.scale, st.kv_f16()};
-        cuda_detail::paged_attention(pa, bt.rows(), stream());
+        cuda_detail::paged_attention(pa, bt.rows(), max_keys, cx.scratch().attn_parts, stream());
     }
     void gdn_conv(context& cx, const batch& bt, state& st, std::int64_t layer, const gdn_shape& g, const gdn_params& w, tensor m,
                   tensor y) {
         cuda_detail::device_guard on(opt_.device);
+        flush_norm(cx);
         const std::int64_t C = g.channels;
         const int K = int(g.conv);
         const cudaStream_t s = stream();
@@ -264,9 +338,10 @@ public:
             cuda_detail::l2norm_qk(ys, sg.n, L, g.rms_eps, 1.f / std::sqrt(float(g.dk)), s);
         }
     }
-    void gdn_mix(context&, const batch& bt, state& st, std::int64_t layer, const gdn_shape& g, const gdn_params& w, tensor y,
+    void gdn_mix(context& cx, const batch& bt, state& st, std::int64_t layer, const gdn_shape& g, const gdn_params& w, tensor y,
                  tensor beta, tensor alpha, tensor o) {
         cuda_detail::device_guard on(opt_.device);
+        flush_norm(cx);
         const std::int64_t C = g.channels, Hv = g.v_heads, inner = Hv * g.dv;
         const cudaStream_t s = stream();
         const cuda_detail::gdn_layout L = layout_of(g);
@@ -298,30 +373,27 @@ public:
             }
         }
     }
-    void gated_norm(context&, const gdn_shape& g, const weight& norm, tensor o, tensor z) {
+    void gated_norm(context& cx, const gdn_shape& g, const weight& norm, tensor o, tensor z) {
         cuda_detail::device_guard on(opt_.device);
+        flush_norm(cx);
         cuda_detail::gated_norm(o.data, z.data, f32(norm), o.rows * g.v_heads, g.dv, g.rms_eps, stream());
     }
+    // The router product, then one kernel for softmax, coresets and top-k (moe.cuh). Its group
+    // table is built and uploaded at the pass's first MoE layer only (the segments and X are the
+    // same for every layer), and not at all when no preview segment has a coreset.
     void moe_route(context& cx, const batch& bt, const moe_shape& ms, const weight& router, tensor x, route r) {
         cuda_detail::device_guard on(opt_.device);
         const std::int64_t X = ms.n_expert, k = ms.n_expert_used;
-        const cudaStream_t s = stream();
         tensor probs = cx.get(buf::router, x.rows, X);
         product(cx, router, x.data, x.rows, probs.data);
-        cuda_detail::softmax_rows(probs.data, x.rows, X, s);
-        bool any_coreset = false;
-        for (const segment& sg : bt.segments()) any_coreset |= sg.kind == pass_kind::preview && sg.coreset > 0 && sg.coreset < X;
-        if (!any_coreset) {
-            cuda_detail::route_topk(probs.data, x.rows, X, int(k), nullptr, r.ids, r.w, s);
-            return;
+        auto& d = cx.scratch();
+        if (d.groups_X != X) {
+            cuda_detail::route_groups(bt, X, d.host_groups);
+            if (!d.host_groups.empty()) upload(d.pin_groups, d.groups, d.host_groups.data(), d.host_groups.size());
+            d.groups_X = X;
         }
-        auto* mask = cx.scratch().mask.get<std::uint8_t>(std::size_t(X));
-        for (const segment& sg : bt.segments()) {
-            const bool restricted = sg.kind == pass_kind::preview && sg.coreset > 0 && sg.coreset < X;
-            const float* p = probs.data + sg.row0 * X;
-            if (restricted) cuda_detail::coreset(p, sg.n, X, sg.coreset, mask, s);
-            cuda_detail::route_topk(p, sg.n, X, int(k), restricted ? mask : nullptr, r.ids + sg.row0 * k, r.w + sg.row0 * k, s);
-        }
+        const cuda_detail::route_group* groups = d.host_groups.empty() ? nullptr : d.groups.get<cuda_detail::route_group>();
+        cuda_detail::route(probs.data, x.rows, X, int(k), groups, std::int64_t(d.host_groups.size()), r.ids, r.w, stream());
     }
     void moe_ffn(context& cx, const batch& bt, const moe_shape& ms, const moe_params& mp, tensor x, route r, tensor out);
     void lm_head(context& cx, const batch& bt, const weight& output, tensor x, tensor logits) {
@@ -334,12 +406,21 @@ public:
     }
     void read_logits(context& cx, tensor logits, float* host) {
         cuda_detail::device_guard on(opt_.device);
+        flush_norm(cx);
+        auto& d = cx.scratch();
         const std::size_t bytes = std::size_t(logits.rows * logits.cols) * sizeof(float);
-        if (bytes == 0) return;
-        auto& pin = cx.scratch().pin_out;
+        auto& pin = d.pin_out;
         pin.reserve(bytes);
-        CLOVER_CUDA_CHECK(cudaMemcpyAsync(pin.get(), logits.data, bytes, cudaMemcpyDeviceToHost, stream()));
+        if (bytes) CLOVER_CUDA_CHECK(cudaMemcpyAsync(pin.get(), logits.data, bytes, cudaMemcpyDeviceToHost, stream()));
+        // A captured pass ends here, its read-back the graph's last node; the graph is launched
+        // and the wait below is for it. (A pass without logits rows waits in release.)
+        if (d.capturing) end_capture(d, true);
+        if (bytes == 0) {
+            if (d.keyed) graphs_.ready(d.key);
+            return;
+        }
         stream_->sync();  // the pass's one synchronisation
+        if (d.keyed) graphs_.ready(d.key);
         std::memcpy(host, pin.get(), bytes);
     }
 
@@ -352,6 +433,7 @@ public:
             cpu_.matmul(w, x, y, n);
             return;
         }
+        cuda_detail::stream_user busy(graphs_);  // never captured: it waits for the device itself
         std::lock_guard lk(helper_mu_);
         const std::size_t xb = std::size_t(n * w.cols) * 4, yb = std::size_t(n * w.rows) * 4;
         float* dx = hx_.get<float>(std::size_t(n * w.cols));
@@ -363,10 +445,12 @@ public:
         stream_->sync();
     }
 
-    // The device copy of a weight, uploaded on first use through pinned staging on the
-    // backend's stream (so it is ordered before every kernel that reads it). Keyed by the
+    // The device copy of a weight, uploaded on first use through pinned staging. Keyed by the
     // address of its first byte (stable for the model's life) and its shape: a row slice of a
-    // merged tensor is its own entry.
+    // merged tensor is its own entry. The copies go on a stream of their own, waited for before
+    // this returns, so the weight is in place before any kernel queued after can read it: the
+    // pass's stream may be capturing (graph.cuh), where a wait is refused and a copy would only
+    // run when the graph does. The wait costs nothing after warm-up (each weight uploads once).
     const cuda_detail::device_matrix& dev(const weight& w) {
         cuda_detail::device_guard on(opt_.device);
         std::lock_guard lk(upload_mu_);
@@ -379,20 +463,28 @@ public:
         const std::size_t bytes = std::size_t(w.rows * w.n_mat) * w.row_bytes;
         e.buf.reserve(std::max<std::size_t>(bytes, 1));
         const std::size_t chunk = opt_.staging_bytes;  // bounded pinned staging, reused
-        stream_->sync();  // the last upload's final chunk may still be leaving the buffer
         staging_.reserve(std::min(bytes, chunk));
         for (std::size_t off = 0; off < bytes; off += chunk) {
             const std::size_t len = std::min(chunk, bytes - off);
-            stream_->sync();  // the previous chunk has left the staging buffer
+            if (off) upload_stream_->sync();  // the previous chunk has left the staging buffer
             std::memcpy(staging_.get(), reinterpret_cast<const std::byte*>(w.data) + off, len);
             CLOVER_CUDA_CHECK(cudaMemcpyAsync(e.buf.get<std::byte>() + off, staging_.get(), len, cudaMemcpyHostToDevice,
-                                              stream()));
+                                              upload_stream_->get()));
         }
+        upload_stream_->sync();  // in place before any later kernel; the staging buffer is free
         e.m = {e.buf.get<const std::uint8_t>(), w.type, w.cols, w.rows, w.n_mat, w.row_bytes};
         uploaded_bytes_ += bytes;
         return cache_.emplace(k, std::move(e)).first->second.m;
     }
     const cuda_detail::device_matrix& upload(const weight& w) { return dev(w); }
+    // Runs a pending norm (rms_norm, add_rms_norm) of the pass, in one kernel (add and norm);
+    // every primitive does this first, and tests that read a norm's output directly call it.
+    void flush_norm(context& cx) {
+        cuda_detail::pending_norm& p = cx.scratch().norm;
+        if (!p.on) return;
+        p.on = false;
+        cuda_detail::norm_act(p, dtype::f32, nullptr, stream());
+    }
     std::size_t uploaded_bytes() const { return uploaded_bytes_; }
 
     // True when w is a routed-expert matrix of a layer below opt.n_cpu_moe (its name is
@@ -419,12 +511,55 @@ private:
         cuda_detail::device_matrix m;
     };
 
-    void release(std::unique_ptr<context::data> d) {
+    void release(std::unique_ptr<context::data> d, bool unwinding) {
+        // A norm nobody read (a pass that ended early) is still run: the pass's effects on h
+        // (the residual add) do not depend on what came after. Errors have nowhere to go here.
+        if (d->norm.on) {
+            d->norm.on = false;
+            try {
+                cuda_detail::device_guard on(opt_.device);
+                cuda_detail::norm_act(d->norm, dtype::f32, nullptr, stream());
+            } catch (...) {
+            }
+        }
+        // A capture still open: an exception left the pass (discarded, nothing of it runs; the
+        // shape's next pass runs eagerly), or the pass never called read_logits (model.hpp always
+        // does; launched here, a failure reported by the next begin_pass: a destructor cannot throw).
+        if (d->capturing) {
+            try {
+                cuda_detail::device_guard on(opt_.device);
+                end_capture(*d, !unwinding);
+            } catch (const std::exception& e) {
+                if (d->capturing) end_capture(*d, false);  // the guard failed: ended all the same
+                if (!unwinding) graphs_.defer(e.what());
+            }
+        }
         // The stream may still be using the pass's buffers (a pass that ended early, by an
         // error, before read_logits): they are reused only after it is done with them.
         (void)cudaStreamSynchronize(stream());
-        std::lock_guard lk(free_mu_);
-        free_.push_back(std::move(d));
+        d->retired.free_all();  // the graph that named them has run
+        {
+            std::lock_guard lk(free_mu_);
+            free_.push_back(std::move(d));
+        }
+        graphs_.leave();  // after: the next pass finds this scratch, grown for its shape
+    }
+    bool graphs_on() const { return opt_.graphs && opt_.n_cpu_moe <= 0; }  // n_cpu_moe: host waits inside the pass
+    // A pass is captured from embed on once a whole pass of its shape ran eagerly, when it is
+    // the stream's only user (graph.cuh), until read_logits (or release).
+    void begin_capture(context::data& d, const batch& bt) {
+        if (!graphs_on() || d.keyed) return;
+        d.key = cuda_detail::graph_key_of(bt);
+        d.keyed = true;
+        if (!graphs_.begin(d.key, stream())) return;
+        d.capturing = true;
+        cuda_detail::retire_list() = &d.retired;
+    }
+    // launch: the graph is launched (the pass runs now); otherwise discarded (graph.cuh).
+    void end_capture(context::data& d, bool launch) {
+        cuda_detail::retire_list() = nullptr;
+        d.capturing = false;
+        graphs_.end(d.key, stream(), launch);
     }
     // The kernels' limits against the model's shapes, once, before any pass: a limit met half
     // way through a pass would leave the earlier layers' states advanced.
@@ -435,10 +570,10 @@ private:
             const layer_state_spec& s = spec[l];
             if (s.k == layer_state_spec::kind::attention && s.head_dim > 0) {
                 const std::int64_t kv_heads = s.kv_width / s.head_dim;
-                if (s.head_dim > 32 * cuda_detail::pattn_dims_per_lane || kv_heads < 1 || s.n_head % kv_heads != 0)
+                if (!cuda_detail::split_attention_fits(s.n_head, kv_heads, s.head_dim, max_smem))
                     fail("backend::cuda: layer ", l, ": attention with ", s.n_head, " heads over ", kv_heads, " KV heads of ",
                          s.head_dim, " dims is outside the kernel's limits (head_dim <= ", 32 * cuda_detail::pattn_dims_per_lane,
-                         ", heads grouped evenly)");
+                         ", heads grouped evenly, ", max_smem, " bytes of shared memory for a group's queries and a key tile)");
             }
             if (s.k == layer_state_spec::kind::gdn) {
                 const cuda_detail::gdn_layout L{s.conv_channels, 1, s.gdn_heads, s.gdn_dk, s.gdn_dv, false};
@@ -457,7 +592,9 @@ private:
     static cuda_detail::gdn_layout layout_of(const gdn_shape& g) {
         return {g.channels, g.qk_heads, g.v_heads, g.dk, g.dv, g.grouped_heads};
     }
-    // n host values through pinned staging into a device buffer, queued on the stream.
+    // n host values through pinned staging into a device buffer, queued on the stream. Each
+    // pinned buffer is written at most once per pass: the copy reads it when it runs, which for a
+    // captured pass is when the graph is launched, after the whole pass was recorded.
     template <class T>
     T* upload(cuda_detail::pinned_buffer& pin, cuda_detail::device_buffer& dst, const T* src, std::size_t n) {
         const std::size_t bytes = std::max<std::size_t>(n, 1) * sizeof(T);
@@ -474,10 +611,32 @@ private:
         if (n) CLOVER_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, n * 4, cudaMemcpyDeviceToDevice, stream()));
     }
     // y[n, w.rows] = x · wᵀ; with `rows`, y has n_out rows and row p reads input row rows[p].
+    // A pending norm whose output is x is fused with the conversion (convert).
     void product(context& cx, const weight& w, const float* x, std::int64_t n, float* y, const int* rows = nullptr,
                  std::int64_t n_out = -1) {
         void* act = cx.scratch().act.get<std::uint8_t>(std::max<std::size_t>(1, cuda_detail::act_bytes(w.type, n, w.cols)));
-        cuda_detail::matmul(dev(w), x, y, n, act, stream(), 0, rows, n_out);
+        const cuda_detail::device_matrix& m = dev(w);
+        convert(cx, x, n, w.cols, quant::activation_type(w.type), act);
+        cuda_detail::matmul(m, x, y, n, act, stream(), 0, rows, n_out, /*converted=*/true);
+    }
+    void defer_norm(context& cx, tensor x, const float* add, const weight& w, tensor out, float eps) {
+        flush_norm(cx);  // an earlier norm may produce this one's input
+        if (out.rows != x.rows || out.cols < x.cols)
+            fail("backend::cuda: a norm of [", x.rows, ", ", x.cols, "] rows into [", out.rows, ", ", out.cols, "]");
+        cuda_detail::pending_norm& p = cx.scratch().norm;
+        p = {true, x.data, add, f32(w), out.data, x.cols, out.cols, x.rows, x.cols, eps};
+    }
+    // x [n, K] converted to `at` in act (F32: nothing; x is read as it is). A pending norm whose
+    // output is x runs now, writing x and its conversion in one kernel; any other runs first.
+    void convert(context& cx, const float* x, std::int64_t n, std::int64_t K, dtype at, void* act) {
+        cuda_detail::pending_norm& p = cx.scratch().norm;
+        if (p.on && p.out == x && p.rows == n && p.n == K && p.ys == K) {
+            p.on = false;
+            cuda_detail::norm_act(p, at, act, stream());
+            return;
+        }
+        flush_norm(cx);
+        cuda_detail::quantize_activations(at, x, act, n, K, stream());
     }
     // The rows' descriptors and their sequences' page lists, once per pass (the first attention
     // layer): the pool's pages do not change during a pass.
@@ -547,8 +706,10 @@ private:
     options opt_;
     backend::cpu cpu_;
     std::unique_ptr<cuda_detail::stream> stream_;
+    std::unique_ptr<cuda_detail::stream> upload_stream_;  // weight uploads (dev)
     std::mutex free_mu_, upload_mu_, helper_mu_;
     std::vector<std::unique_ptr<context::data>> free_;
+    cuda_detail::pass_graphs graphs_;  // the passes' executables and who uses the stream (graph.cuh)
     std::unordered_map<key, entry, key_hash> cache_;
     cuda_detail::pinned_buffer staging_;
     cuda_detail::device_buffer hx_, hy_, hact_;

@@ -14,26 +14,34 @@ namespace clover::backend {
 inline void cuda::moe_ffn(context& cx, const batch& bt, const moe_shape& ms, const moe_params& mp, tensor x, route r,
                           tensor out) {
     cuda_detail::device_guard on(opt_.device);
+    flush_norm(cx);  // a recorded norm runs before anything reads x (moe_route usually did it)
     const std::int64_t n = x.rows, E = x.cols, k = ms.n_expert_used;
     auto& d = cx.scratch();
     const cudaStream_t s = stream();
     const bool merged = mp.gate_up_exps && *mp.gate_up_exps;
     if (on_host(merged ? *mp.gate_up_exps : *mp.gate_exps)) {
         // Experts in host memory: the input and the routing go to the host, the CPU computes the
-        // routed and the shared expert, the result comes back.
-        d.hx.resize(std::size_t(n * E));
-        d.hy.resize(std::size_t(n * E));
-        d.hw.resize(std::size_t(n * k));
-        d.host_ids.resize(std::size_t(n * k));
-        CLOVER_CUDA_CHECK(cudaMemcpyAsync(d.hx.data(), x.data, d.hx.size() * 4, cudaMemcpyDeviceToHost, s));
-        CLOVER_CUDA_CHECK(cudaMemcpyAsync(d.host_ids.data(), r.ids, d.host_ids.size() * 4, cudaMemcpyDeviceToHost, s));
-        CLOVER_CUDA_CHECK(cudaMemcpyAsync(d.hw.data(), r.w, d.hw.size() * 4, cudaMemcpyDeviceToHost, s));
+        // routed and the shared expert, the result comes back. Pinned buffers: the copies are
+        // true asynchronous DMA (pageable memory goes through a hidden staged, synchronous copy),
+        // and the CPU works in place on them. One host wait per such layer: the next layer's
+        // wait (or read_logits') orders this layer's upload of `out` before its buffers are
+        // reused, since everything runs on one stream.
+        const std::size_t xb = std::size_t(n * E) * 4, kb = std::size_t(n * k) * 4;
+        d.pin_hx.reserve(xb);
+        d.pin_hy.reserve(xb);
+        d.pin_hw.reserve(kb);
+        d.pin_hids.reserve(kb);
+        float* hx = d.pin_hx.get<float>();
+        float* hy = d.pin_hy.get<float>();
+        float* hw = d.pin_hw.get<float>();
+        auto* hids = d.pin_hids.get<std::int32_t>();
+        CLOVER_CUDA_CHECK(cudaMemcpyAsync(hx, x.data, xb, cudaMemcpyDeviceToHost, s));
+        CLOVER_CUDA_CHECK(cudaMemcpyAsync(hids, r.ids, kb, cudaMemcpyDeviceToHost, s));
+        CLOVER_CUDA_CHECK(cudaMemcpyAsync(hw, r.w, kb, cudaMemcpyDeviceToHost, s));
         stream_->sync();
         cpu::context hc = cpu_.begin_pass();
-        cpu_.moe_ffn(hc, bt, ms, mp, cpu::tensor{d.hx.data(), n, E}, cpu::route{d.host_ids.data(), d.hw.data(), n, k},
-                     cpu::tensor{d.hy.data(), n, E});
-        CLOVER_CUDA_CHECK(cudaMemcpyAsync(out.data, d.hy.data(), d.hy.size() * 4, cudaMemcpyHostToDevice, s));
-        stream_->sync();  // d.hy is pageable and reused by the next such layer
+        cpu_.moe_ffn(hc, bt, ms, mp, cpu::tensor{hx, n, E}, cpu::route{hids, hw, n, k}, cpu::tensor{hy, n, E});
+        CLOVER_CUDA_CHECK(cudaMemcpyAsync(out.data, hy, xb, cudaMemcpyHostToDevice, s));
         return;
     }
     const cuda_detail::device_matrix& gate = dev(merged ? *mp.gate_up_exps : *mp.gate_exps);

@@ -13,11 +13,16 @@
 // One kernel serves dense products and the expert-grouped products of MoE (moe.cuh): work comes
 // in tiles of up to R rows that share one weight matrix; the weight item is decoded once into
 // registers and used for all R rows (R-fold fewer weight reads, which dominate a GEMV).
+// Products of 8 rows or more in an integer format run on the tensor-core kernel instead
+// (mma_kernel, mma.cuh): the integer dots from int8 mma, the float steps in mm_kernel's order, so
+// the same bits per row.
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
+#include "clover/backend/cuda/mma.cuh"
 #include "clover/backend/cuda/quant_dot.cuh"
 #include "clover/backend/cuda/runtime.cuh"
 #include "clover/core/dtype.hpp"
@@ -30,49 +35,73 @@ inline constexpr int mm_warps = 8;          // output features per CUDA block (o
 
 
 // ---- activation quantization ------------------------------------------------------------------
+// The per-block math lives in small functions shared by the plain conversion kernels below and the
+// fused epilogues of ops.cuh (RMSNorm + conversion, SwiGLU + conversion): a fused kernel then gives
+// the bits of its producer followed by the plain conversion, by construction. The scalar pieces are
+// __host__ __device__ so test_fused_epilogue.cu checks them against quant:: without a GPU.
 
-static __global__ void act_to_half(const float* x, std::uint16_t* y, std::int64_t n, bool bf16) {
-    const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = bf16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+// Round to nearest, ties to even: std::nearbyint in the default rounding mode (the CPU's rule).
+__host__ __device__ inline int round_even(float v) {
+#ifdef __CUDA_ARCH__
+    return __float2int_rn(v);
+#else
+    return int(std::nearbyint(v));
+#endif
+}
+__host__ __device__ inline std::uint16_t act_f16(float f) {
+#ifdef __CUDA_ARCH__
+    return f32_to_f16(f);
+#else
+    return quant::f32_to_f16(f);
+#endif
+}
+__host__ __device__ inline std::uint16_t act_bf16(float f) {
+#ifdef __CUDA_ARCH__
+    return f32_to_bf16(f);
+#else
+    return quant::f32_to_bf16(f);
+#endif
 }
 
-// One warp per block of 32: quant::quantize_row_q8_0 exactly (d = amax/127 stored as f16,
-// q = rne(x · 127/amax)). IEEE division and multiplication give the CPU's bits.
-static __global__ void act_to_q8_0(const float* x, std::uint8_t* y, std::int64_t n_blocks) {
-    const std::int64_t b = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (b >= n_blocks) return;
-    const float v = x[b * 32 + lane];
+// Q8_0 (quant::quantize_row_q8_0): d = amax/127 stored as f16, q = rne(x · 127/amax).
+__host__ __device__ inline float q8_0_inv_scale(float amax) { return amax != 0.f ? 127.f / amax : 0.f; }
+__host__ __device__ inline std::uint16_t q8_0_scale_bits(float amax) { return act_f16(amax / 127.f); }
+__host__ __device__ inline std::int8_t q8_0_code(float v, float id) { return std::int8_t(round_even(v * id)); }
+
+// Q8_K (quant::quantize_row_q8_k): the element of largest magnitude (the first on ties) maps to
+// -127, q = min(127, rne(iscale · x)), d = 1/iscale, bsums per 16. "Larger, or equal and earlier"
+// is a total order, so any reduction tree over (magnitude, index) pairs picks the CPU's element.
+__host__ __device__ inline bool q8_k_beats(float amax, int idx, float other_amax, int other_idx) {
+    return amax > other_amax || (amax == other_amax && idx < other_idx);
+}
+__host__ __device__ inline float q8_k_iscale(float mx) { return -127.f / mx; }
+__host__ __device__ inline std::int8_t q8_k_code(float v, float iscale) {
+    const int q = round_even(iscale * v);
+    return std::int8_t(q < 127 ? q : 127);
+}
+
+// One Q8_0 block by one warp, lane l holding element l: its 34 bytes at blk.
+__device__ inline void q8_0_block_warp(float v, int lane, std::uint8_t* blk) {
     const float amax = warp_max(fabsf(v));
-    const float id = amax != 0.f ? 127.f / amax : 0.f;
-    std::uint8_t* blk = y + b * q8_0_bytes;
     if (lane == 0) {
-        const std::uint16_t d = f32_to_f16(amax / 127.f);
+        const std::uint16_t d = q8_0_scale_bits(amax);
         blk[0] = std::uint8_t(d & 0xff);
         blk[1] = std::uint8_t(d >> 8);
     }
-    blk[2 + lane] = std::uint8_t(std::int8_t(__float2int_rn(v * id)));
+    blk[2 + lane] = std::uint8_t(q8_0_code(v, q8_0_inv_scale(amax)));
 }
 
-// One warp per super-block of 256 (lane l holds elements 8l..8l+7): quant::quantize_row_q8_k
-// exactly — the element of largest magnitude (first on ties) maps to -127, bsums per 16.
-static __global__ void act_to_q8_k(const float* x, std::uint8_t* y, std::int64_t n_blocks) {
-    const std::int64_t b = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (b >= n_blocks) return;
-    const float* xb = x + b * 256 + lane * 8;
-    float v[8], amax = 0.f, mx = 0.f;
+// One Q8_K super-block of 256 by one warp, lane l holding elements 8l..8l+7: its 292 bytes at blk.
+__device__ inline void q8_k_block_warp(const float (&v)[8], int lane, std::uint8_t* blk) {
+    float amax = 0.f, mx = 0.f;
     int idx = 1 << 30;
-    for (int i = 0; i < 8; ++i) {
-        v[i] = xb[i];
+    for (int i = 0; i < 8; ++i)
         if (fabsf(v[i]) > amax) { amax = fabsf(v[i]); mx = v[i]; idx = lane * 8 + i; }
-    }
-    for (int o = 16; o > 0; o >>= 1) {  // larger magnitude wins; ties: lower index (the first)
+    for (int o = 16; o > 0; o >>= 1) {
         const float oa = __shfl_xor_sync(0xffffffffu, amax, o), om = __shfl_xor_sync(0xffffffffu, mx, o);
         const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (oa > amax || (oa == amax && oi < idx)) { amax = oa; mx = om; idx = oi; }
+        if (q8_k_beats(oa, oi, amax, idx)) { amax = oa; mx = om; idx = oi; }
     }
-    std::uint8_t* blk = y + b * q8_k_bytes;
     auto* qs = reinterpret_cast<std::int8_t*>(blk + 4);
     auto* bsums = reinterpret_cast<std::int16_t*>(blk + 260);
     if (amax == 0.f) {
@@ -81,11 +110,11 @@ static __global__ void act_to_q8_k(const float* x, std::uint8_t* y, std::int64_t
         if (lane == 0) *reinterpret_cast<float*>(blk) = 0.f;
         return;
     }
-    const float iscale = -127.f / mx;
+    const float iscale = q8_k_iscale(mx);
     int s = 0;
     for (int i = 0; i < 8; ++i) {
-        const int q = min(127, __float2int_rn(iscale * v[i]));
-        qs[lane * 8 + i] = std::int8_t(q);
+        const std::int8_t q = q8_k_code(v[i], iscale);
+        qs[lane * 8 + i] = q;
         s += q;
     }
     s += __shfl_xor_sync(0xffffffffu, s, 1);  // lanes 2g, 2g+1 hold group g of 16
@@ -93,25 +122,69 @@ static __global__ void act_to_q8_k(const float* x, std::uint8_t* y, std::int64_t
     if (lane == 0) *reinterpret_cast<float*>(blk) = 1.f / iscale;
 }
 
-// Converts rows x [n, K] to the activation type `at` in y (row stride quant::row_bytes(at, K)).
-// For F32 nothing is done: the caller reads x itself.
-inline void quantize_activations(dtype at, const float* x, void* y, std::int64_t n, std::int64_t K, cudaStream_t s) {
+// What a conversion reads at flat element e of its [n, K] rows: the rows themselves here; ops.cuh
+// passes producers computed on the fly (SwiGLU), so the producer's output needs no float copy.
+struct rows_src {
+    const float* x;
+    __device__ float operator()(std::int64_t e) const { return x[e]; }
+};
+
+// Element-wise conversions (F32: the value itself, for producers whose consumer reads floats).
+template <dtype AT, class Src>
+static __global__ void act_elems(Src src, void* y, std::int64_t n) {
+    const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float v = src(i);
+    if constexpr (AT == dtype::f32) static_cast<float*>(y)[i] = v;
+    else if constexpr (AT == dtype::f16) static_cast<std::uint16_t*>(y)[i] = act_f16(v);
+    else static_cast<std::uint16_t*>(y)[i] = act_bf16(v);
+}
+// One warp per block (the warp's blocks are consecutive: rows of K % 32 == 0 hold whole blocks).
+template <class Src>
+static __global__ void act_q8_0(Src src, std::uint8_t* y, std::int64_t n_blocks) {
+    const std::int64_t b = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (b >= n_blocks) return;  // whole warps leave together: the shuffles below see full warps
+    q8_0_block_warp(src(b * 32 + lane), lane, y + b * q8_0_bytes);
+}
+template <class Src>
+static __global__ void act_q8_k(Src src, std::uint8_t* y, std::int64_t n_blocks) {
+    const std::int64_t b = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (b >= n_blocks) return;
+    float v[8];
+    for (int i = 0; i < 8; ++i) v[i] = src(b * 256 + lane * 8 + i);
+    q8_k_block_warp(v, lane, y + b * q8_k_bytes);
+}
+
+// The n·K values of src (rows of K) converted to `at` in y (row stride quant::row_bytes(at, K));
+// for F32 the floats themselves are written.
+template <class Src>
+inline void convert_activations(dtype at, Src src, void* y, std::int64_t n, std::int64_t K, cudaStream_t s) {
     const std::int64_t total = n * K;
+    if (total <= 0) return;
+    if ((at == dtype::q8_0 && K % 32 != 0) || (at == dtype::q8_k && K % 256 != 0))
+        fail("cuda: rows of ", K, " values cannot be converted to ", dtype_name(at), " (whole blocks only)");
     switch (at) {
-        case dtype::f32: return;
-        case dtype::f16:
-        case dtype::bf16:
-            act_to_half<<<blocks_for("act_to_half", total, 256), 256, 0, s>>>(x, static_cast<std::uint16_t*>(y), total, at == dtype::bf16);
-            break;
+        case dtype::f32: act_elems<dtype::f32><<<blocks_for("act_elems", total, 256), 256, 0, s>>>(src, y, total); break;
+        case dtype::f16: act_elems<dtype::f16><<<blocks_for("act_elems", total, 256), 256, 0, s>>>(src, y, total); break;
+        case dtype::bf16: act_elems<dtype::bf16><<<blocks_for("act_elems", total, 256), 256, 0, s>>>(src, y, total); break;
         case dtype::q8_0:
-            act_to_q8_0<<<blocks_for("act_to_q8_0", total / 32, 8), 256, 0, s>>>(x, static_cast<std::uint8_t*>(y), total / 32);
+            act_q8_0<<<blocks_for("act_q8_0", total / 32, 8), 256, 0, s>>>(src, static_cast<std::uint8_t*>(y), total / 32);
             break;
         case dtype::q8_k:
-            act_to_q8_k<<<blocks_for("act_to_q8_k", total / 256, 8), 256, 0, s>>>(x, static_cast<std::uint8_t*>(y), total / 256);
+            act_q8_k<<<blocks_for("act_q8_k", total / 256, 8), 256, 0, s>>>(src, static_cast<std::uint8_t*>(y), total / 256);
             break;
         default: fail("cuda: no activation conversion to ", dtype_name(at));
     }
-    check_launch("quantize_activations");
+    check_launch("convert_activations");
+}
+
+// Converts rows x [n, K] to the activation type `at` in y (row stride quant::row_bytes(at, K)).
+// For F32 nothing is done: the caller reads x itself.
+inline void quantize_activations(dtype at, const float* x, void* y, std::int64_t n, std::int64_t K, cudaStream_t s) {
+    if (at == dtype::f32) return;
+    convert_activations(at, rows_src{x}, y, n, K, s);
 }
 
 // ---- the product kernel -----------------------------------------------------------------------
@@ -166,6 +239,48 @@ static __global__ void __launch_bounds__(mm_warps * 32) mm_kernel(mm_args a) {
     }
 }
 
+// The tensor-core product (mma.cuh) for products of many rows in an integer format: one warp per
+// 16 outputs × 8 rows, the same bits per row as mm_kernel. Dense tiles are rows [8t, 8t+8);
+// grouped tiles (a.tiles) may hold up to 8 rows of one matrix.
+template <dtype T>
+static __global__ void __launch_bounds__(mma_warps * 32) mma_kernel(mm_args a) {
+    __shared__ mma_stage_buf buf[mma_warps];
+    const int wi = threadIdx.x / 32;
+    const std::int64_t o0 = (std::int64_t(blockIdx.x) * mma_warps + wi) * mma_m;
+    if (o0 >= a.N) return;  // the whole warp (o0 is warp-uniform): mma.sync needs all 32 lanes
+    const std::int64_t tile = a.tile0 + blockIdx.y;
+    mm_tile tl;
+    if (a.tiles) {
+        if (tile >= *a.n_tiles) return;
+        tl = a.tiles[tile];
+    } else {
+        tl.mat = 0;
+        tl.p0 = int(tile * mma_n);  // n <= INT_MAX, checked by launch_mm
+        tl.p1 = min(int(a.n), tl.p0 + mma_n);
+    }
+    mma_job j;
+    j.w = a.w + std::size_t(tl.mat) * a.mat_bytes;
+    j.row_bytes = a.row_bytes;
+    j.o0 = o0;
+    j.N = a.N;
+    j.x = a.x;
+    j.x_row_bytes = a.x_row_bytes;
+    j.xmap = a.xmap;
+    j.p0 = tl.p0;
+    j.nr = tl.p1 - tl.p0;
+    j.y = a.y;
+    j.ldy = a.ldy;
+    j.n_items = items<T>(a.K);
+    mma_device_warp wp{int(threadIdx.x % 32), {}, &buf[wi]};
+    mma_tile<T>(j, wp);
+}
+
+// Dense products of at least this many rows in an integer format go to mma_kernel: one full mma
+// tile. A threshold from the tile shape alone, unmeasured (no GPU was lent while this was written).
+// F32/F16/BF16 always stay on mm_kernel: a tensor core's float accumulation order is the
+// hardware's, so those rows could not equal the single-row step's bits.
+inline constexpr std::int64_t mma_min_rows = mma_n;
+
 // One launch of the product over grid.y tiles from a.tile0.
 inline void launch_mm_tiles(dtype t, const mm_args& a, dim3 grid, cudaStream_t s) {
     const unsigned threads = mm_warps * 32;
@@ -182,10 +297,31 @@ inline void launch_mm_tiles(dtype t, const mm_args& a, dim3 grid, cudaStream_t s
     check_launch("mm_kernel");
 }
 
+// The product on mma_kernel over n_tiles tiles of up to mma_n rows (dense, or a bound on the
+// grouped list), in launches of at most 65,535 (grid.y).
+inline void launch_mma(dtype t, mm_args a, std::int64_t n_tiles, cudaStream_t s) {
+    const unsigned gx = blocks_for("mma_kernel", a.N, mma_m * mma_warps);
+    const unsigned threads = mma_warps * 32;
+    for (std::int64_t t0 = 0; t0 < n_tiles; t0 += max_grid_yz) {
+        a.tile0 = t0;
+        const dim3 grid(gx, grid_yz("mma_kernel", std::min(max_grid_yz, n_tiles - t0)));
+        switch (t) {
+            case dtype::q8_0: mma_kernel<dtype::q8_0><<<grid, threads, 0, s>>>(a); break;
+            case dtype::q4_k: mma_kernel<dtype::q4_k><<<grid, threads, 0, s>>>(a); break;
+            case dtype::q5_k: mma_kernel<dtype::q5_k><<<grid, threads, 0, s>>>(a); break;
+            case dtype::q6_k: mma_kernel<dtype::q6_k><<<grid, threads, 0, s>>>(a); break;
+            default: fail("cuda: no tensor-core kernel for weight type ", dtype_name(t));
+        }
+        check_launch("mma_kernel");
+    }
+}
+
 // n_tiles: the number of tiles (dense) or an upper bound on it (grouped; extra blocks exit).
+// Dense integer products of mma_min_rows rows or more run on mma_kernel instead (n_tiles unused);
+// mma_tiles: the grouped tiles hold up to mma_n rows, for mma_kernel (integer formats only).
 // grid.y is limited to 65,535, so the tiles go in launches of at most that many, each told its
 // first tile (mm_args::tile0); a tile's result does not depend on which launch covers it.
-inline void launch_mm(dtype t, mm_args a, std::int64_t n_tiles, cudaStream_t s) {
+inline void launch_mm(dtype t, mm_args a, std::int64_t n_tiles, cudaStream_t s, bool mma_tiles = false) {
     if (n_tiles <= 0 || a.N == 0) return;
     if (a.n > std::int64_t(INT_MAX) || n_tiles > std::int64_t(INT_MAX))
         fail("cuda: kernel mm_kernel: ", a.n, " rows in ", n_tiles, " tiles exceed the int row index (", INT_MAX, ")");
@@ -197,6 +333,13 @@ inline void launch_mm(dtype t, mm_args a, std::int64_t n_tiles, cudaStream_t s) 
         fail("cuda: kernel mm_kernel: ", dtype_name(t), " products need weight rows aligned to ", wa,
              " bytes and activation rows to ", xa, " (got weights at ", addr(a.w) % 16, " mod 16, row stride ", a.row_bytes,
              "; activations at ", addr(a.x) % 16, " mod 16, row stride ", a.x_row_bytes, ")");
+    if (mma_tiles && !(mma_format(t) && a.tiles))
+        fail("cuda: kernel mma_kernel: tiles of ", mma_n, " rows need a grouped product in an integer format (got ", dtype_name(t),
+             a.tiles ? ")" : ", no tile list)");
+    if (mma_tiles || (mma_format(t) && !a.tiles && a.n >= mma_min_rows)) {
+        launch_mma(t, a, mma_tiles ? n_tiles : (a.n + mma_n - 1) / mma_n, s);
+        return;
+    }
     const unsigned gx = blocks_for("mm_kernel", a.N, mm_warps);
     for (std::int64_t t0 = 0; t0 < n_tiles; t0 += max_grid_yz) {
         a.tile0 = t0;
@@ -221,10 +364,12 @@ inline std::size_t act_bytes(dtype wt, std::int64_t n, std::int64_t K) {
 // y[n, N] = x[n, K] · wᵀ on the device (all pointers device pointers; act: act_bytes() scratch);
 // row p of y starts at y + p·ldy (ldy 0: N, packed). With `rows`, y has n_out rows and row p
 // reads input row rows[p] (a gather: the LM head over the rows that give logits).
+// converted: act already holds x's rows in the partner type (written by a fused epilogue, or
+// shared by several products of one input), so they are not converted again; F32 reads x.
 inline void matmul(const device_matrix& w, const float* x, float* y, std::int64_t n, void* act, cudaStream_t s,
-                   std::int64_t ldy = 0, const int* rows = nullptr, std::int64_t n_out = -1) {
+                   std::int64_t ldy = 0, const int* rows = nullptr, std::int64_t n_out = -1, bool converted = false) {
     const dtype at = quant::activation_type(w.type);
-    quantize_activations(at, x, act, n, w.cols, s);
+    if (!converted) quantize_activations(at, x, act, n, w.cols, s);
     mm_args a{};
     a.w = w.data;
     a.row_bytes = w.row_bytes;

@@ -4,32 +4,55 @@
 // output gate and the residual add. Each mirrors the CPU formula in
 // core/math.hpp (sums of squares and softmax denominators in double, as there), so the CPU
 // functions are their test twins.
+//
+// Fused epilogues (issue 16): an RMSNorm (with its residual add) that also writes its output rows
+// converted to the next product's activation type, and SwiGLU writing the down product's
+// activation rows directly. Each shares its formulas with the plain kernels (row_sum_sq,
+// rms_row_scale, rms_value, swiglu_value here; the per-block quantizers of matmul.cuh), so it
+// gives the bits of the plain kernels run one after the other, with fewer launches and without
+// re-reading the rows from memory.
 #include <cub/block/block_reduce.cuh>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
+#include "clover/backend/cuda/matmul.cuh"
 #include "clover/backend/cuda/runtime.cuh"
+#include "clover/core/dtype.hpp"
+#include "clover/quant/rows.hpp"
 
 namespace clover::backend::cuda_detail {
 
 inline constexpr int row_threads = 256;
 
+// The pieces of an RMSNorm row shared by rms_norm_rows and the fused norm_act_rows, so both give
+// the same bits: thread t sums the squares of elements t, t + row_threads, ... in double (an
+// explicit fma, so the contraction cannot differ between the kernels), a CUB block reduction
+// gives 1/sqrt(mean + eps) to every thread (it ends with __syncthreads, so the block's earlier
+// global writes are visible after it), and y = x · scale · w.
+__device__ inline double row_sum_sq(double ss, float v) { return __fma_rn(double(v), double(v), ss); }
+__device__ inline float rms_row_scale(double ss, std::int64_t n, float eps) {
+    using reduce = cub::BlockReduce<double, row_threads>;
+    __shared__ typename reduce::TempStorage tmp;
+    __shared__ float scale;
+    ss = reduce(tmp).Sum(ss);
+    if (threadIdx.x == 0) scale = 1.f / sqrtf(float(ss / double(n)) + eps);
+    __syncthreads();
+    return scale;
+}
+__device__ inline float rms_value(float x, float scale, const float* w, std::int64_t i) { return x * scale * (w ? w[i] : 1.f); }
+
 // y_r = x_r / sqrt(mean(x_r²) + eps) · w   for rows r (x row stride xs, y row stride ys; w may be
 // null). One block per row; the sum of squares is a CUB block reduction in double.
 static __global__ void __launch_bounds__(row_threads) rms_norm_rows(const float* x, std::int64_t xs, const float* w, float* y,
                                                              std::int64_t ys, std::int64_t n, float eps) {
-    using reduce = cub::BlockReduce<double, row_threads>;
-    __shared__ typename reduce::TempStorage tmp;
-    __shared__ float scale;
     const float* xr = x + blockIdx.x * xs;
     double ss = 0;
-    for (std::int64_t i = threadIdx.x; i < n; i += row_threads) ss += double(xr[i]) * double(xr[i]);
-    ss = reduce(tmp).Sum(ss);
-    if (threadIdx.x == 0) scale = 1.f / sqrtf(float(ss / double(n)) + eps);
-    __syncthreads();
+    for (std::int64_t i = threadIdx.x; i < n; i += row_threads) ss = row_sum_sq(ss, xr[i]);
+    const float scale = rms_row_scale(ss, n, eps);
     float* yr = y + blockIdx.x * ys;
-    for (std::int64_t i = threadIdx.x; i < n; i += row_threads) yr[i] = xr[i] * scale * (w ? w[i] : 1.f);
+    for (std::int64_t i = threadIdx.x; i < n; i += row_threads) yr[i] = rms_value(xr[i], scale, w, i);
 }
 
 inline void rms_norm(const float* x, std::int64_t xs, const float* w, float* y, std::int64_t ys, std::int64_t rows,
@@ -118,12 +141,14 @@ inline void softmax_rows(float* x, std::int64_t rows, std::int64_t n, cudaStream
     check_launch("softmax_rows");
 }
 
+__device__ inline float swiglu_value(float gate, float up) { return silu(gate) * up; }
+
 // h[p, f] = silu(gu[p, f]) · gu[p, F + f]: SwiGLU over rows holding [gate | up] (ld = 2F).
 static __global__ void swiglu_kernel(const float* gu, float* h, std::int64_t rows, std::int64_t F) {
     const std::int64_t id = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (id >= rows * F) return;
     const std::int64_t p = id / F, f = id % F;
-    h[id] = silu(gu[p * 2 * F + f]) * gu[p * 2 * F + F + f];
+    h[id] = swiglu_value(gu[p * 2 * F + f], gu[p * 2 * F + F + f]);
 }
 
 inline void swiglu(const float* gu, float* h, std::int64_t rows, std::int64_t F, cudaStream_t s) {
@@ -150,6 +175,110 @@ inline void add(float* h, const float* y, std::int64_t n, cudaStream_t s) {
     if (n <= 0) return;
     add_kernel<<<blocks_for("add_kernel", n, 256), 256, 0, s>>>(h, y, n);
     check_launch("add");
+}
+
+// ---- fused epilogues ---------------------------------------------------------------------------
+
+// An RMSNorm recorded by backend::cuda's rms_norm / add_rms_norm and run by the next primitive:
+// fused with the conversion of a product's activations when that primitive's input is `out`,
+// plainly otherwise. Its pointers are the pass's scratch, which does not move in between.
+struct pending_norm {
+    bool on = false;
+    float* x = nullptr;          // [rows, xs] the norm's input (the residual h)
+    const float* add = nullptr;  // [rows, xs] added to x first (x += add, stored), or null
+    const float* w = nullptr;    // [n] the norm weight, or null
+    float* out = nullptr;        // [rows, ys] (may be x itself)
+    std::int64_t xs = 0, ys = 0, rows = 0, n = 0;
+    float eps = 0.f;
+};
+
+// One block per row: (x += add), then out = rms_norm(x) · w, and out's row converted to AT in act
+// (row stride act_rb; F32: nothing more). The sum of squares is rms_norm_rows' (same threads,
+// same order, same reduction), the add is add_kernel's, the conversions are matmul.cuh's per-block
+// functions on the very values written to out: the bits of add + rms_norm + quantize_activations.
+// After the reduction's barrier a Q8 block is converted by one warp, each lane reading the
+// elements it then writes, so out may be x (in place) and the block's h writes are visible.
+template <dtype AT>
+static __global__ void __launch_bounds__(row_threads) norm_act_rows(pending_norm p, std::uint8_t* act, std::size_t act_rb) {
+    float* xr = p.x + blockIdx.x * p.xs;
+    const float* ar = p.add ? p.add + blockIdx.x * p.xs : nullptr;
+    double ss = 0;
+    for (std::int64_t i = threadIdx.x; i < p.n; i += row_threads) {
+        float v = xr[i];
+        if (ar) {
+            v += ar[i];
+            xr[i] = v;
+        }
+        ss = row_sum_sq(ss, v);
+    }
+    const float scale = rms_row_scale(ss, p.n, p.eps);
+    float* yr = p.out + blockIdx.x * p.ys;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if constexpr (AT == dtype::q8_0) {
+        std::uint8_t* ab = act + blockIdx.x * act_rb;
+        for (std::int64_t b = warp; b < p.n / 32; b += row_threads / 32) {  // warp-uniform bound
+            const std::int64_t i = b * 32 + lane;
+            const float v = rms_value(xr[i], scale, p.w, i);
+            yr[i] = v;
+            q8_0_block_warp(v, lane, ab + b * q8_0_bytes);
+        }
+    } else if constexpr (AT == dtype::q8_k) {
+        std::uint8_t* ab = act + blockIdx.x * act_rb;
+        for (std::int64_t b = warp; b < p.n / 256; b += row_threads / 32) {
+            float v[8];
+            for (int j = 0; j < 8; ++j) {
+                const std::int64_t i = b * 256 + lane * 8 + j;
+                v[j] = rms_value(xr[i], scale, p.w, i);
+                yr[i] = v[j];
+            }
+            q8_k_block_warp(v, lane, ab + b * q8_k_bytes);
+        }
+    } else {
+        for (std::int64_t i = threadIdx.x; i < p.n; i += row_threads) {
+            const float v = rms_value(xr[i], scale, p.w, i);
+            yr[i] = v;
+            if constexpr (AT == dtype::f16) reinterpret_cast<std::uint16_t*>(act + blockIdx.x * act_rb)[i] = act_f16(v);
+            if constexpr (AT == dtype::bf16) reinterpret_cast<std::uint16_t*>(act + blockIdx.x * act_rb)[i] = act_bf16(v);
+        }
+    }
+}
+
+// Runs a pending norm in one kernel, also writing its output rows as `at` into act (row stride
+// quant::row_bytes(at, n)); at == F32 writes the norm alone (act unused), one launch where the
+// plain path takes two for add_rms_norm.
+inline void norm_act(const pending_norm& p, dtype at, void* act, cudaStream_t s) {
+    if (p.rows <= 0 || p.n <= 0) return;
+    if ((at == dtype::q8_0 && p.n % 32 != 0) || (at == dtype::q8_k && p.n % 256 != 0))
+        fail("cuda: a norm over rows of ", p.n, " values cannot write ", dtype_name(at), " rows (whole blocks only)");
+    const unsigned g = grid_x("norm_act_rows", p.rows);
+    const std::size_t rb = at == dtype::f32 ? 0 : quant::row_bytes(at, p.n);
+    auto* a = static_cast<std::uint8_t*>(act);
+    switch (at) {
+        case dtype::f32: norm_act_rows<dtype::f32><<<g, row_threads, 0, s>>>(p, a, rb); break;
+        case dtype::f16: norm_act_rows<dtype::f16><<<g, row_threads, 0, s>>>(p, a, rb); break;
+        case dtype::bf16: norm_act_rows<dtype::bf16><<<g, row_threads, 0, s>>>(p, a, rb); break;
+        case dtype::q8_0: norm_act_rows<dtype::q8_0><<<g, row_threads, 0, s>>>(p, a, rb); break;
+        case dtype::q8_k: norm_act_rows<dtype::q8_k><<<g, row_threads, 0, s>>>(p, a, rb); break;
+        default: fail("cuda: no activation conversion to ", dtype_name(at));
+    }
+    check_launch("norm_act_rows");
+}
+
+// SwiGLU as the source of a conversion: element e of the [rows, F] result, from rows of [gate | up].
+struct swiglu_src {
+    const float* gu;
+    std::int64_t F;
+    __device__ float operator()(std::int64_t e) const {
+        const std::int64_t p = e / F, f = e % F;
+        return swiglu_value(gu[p * 2 * F + f], gu[p * 2 * F + F + f]);
+    }
+};
+
+// h = silu(gate) · up written straight as the down product's activation rows: `at` rows of F
+// values in y (row stride quant::row_bytes(at, F)); F32 writes the floats (swiglu's output).
+// One launch instead of swiglu + quantize_activations, and h never goes through memory as floats.
+inline void swiglu_act(dtype at, const float* gu, void* y, std::int64_t rows, std::int64_t F, cudaStream_t s) {
+    convert_activations(at, swiglu_src{gu, F}, y, rows, F, s);
 }
 
 }  // namespace clover::backend::cuda_detail
