@@ -388,6 +388,11 @@ public:
         product(cx, router, x.data, x.rows, probs.data);
         auto& d = cx.scratch();
         if (d.groups_X != X) {
+            // One table per pass: its pinned buffer is written once, before the copy that reads
+            // it runs (at the graph's launch when the pass is captured).
+            if (d.groups_X != -1)
+                fail("backend::cuda: MoE layers with different expert counts (", d.groups_X, " and ", X,
+                     ") in one model are not supported");
             cuda_detail::route_groups(bt, X, d.host_groups);
             if (!d.host_groups.empty()) upload(d.pin_groups, d.groups, d.host_groups.data(), d.host_groups.size());
             d.groups_X = X;
@@ -512,26 +517,31 @@ private:
     };
 
     void release(std::unique_ptr<context::data> d, bool unwinding) {
-        // A norm nobody read (a pass that ended early) is still run: the pass's effects on h
-        // (the residual add) do not depend on what came after. Errors have nowhere to go here.
-        if (d->norm.on) {
-            d->norm.on = false;
-            try {
-                cuda_detail::device_guard on(opt_.device);
-                cuda_detail::norm_act(d->norm, dtype::f32, nullptr, stream());
-            } catch (...) {
-            }
-        }
         // A capture still open: an exception left the pass (discarded, nothing of it runs; the
         // shape's next pass runs eagerly), or the pass never called read_logits (model.hpp always
         // does; launched here, a failure reported by the next begin_pass: a destructor cannot throw).
+        bool discarded = d->capturing && unwinding;
         if (d->capturing) {
             try {
                 cuda_detail::device_guard on(opt_.device);
                 end_capture(*d, !unwinding);
             } catch (const std::exception& e) {
                 if (d->capturing) end_capture(*d, false);  // the guard failed: ended all the same
+                discarded = true;
                 if (!unwinding) graphs_.defer(e.what());
+            }
+        }
+        // A norm nobody read (a pass that ended early) is still run after what the pass queued,
+        // so its effect on h (the residual add) does not depend on what came after — unless the
+        // pass was a capture discarded above, of which nothing ran. Errors have nowhere to go here.
+        if (d->norm.on) {
+            d->norm.on = false;
+            if (!discarded) {
+                try {
+                    cuda_detail::device_guard on(opt_.device);
+                    cuda_detail::norm_act(d->norm, dtype::f32, nullptr, stream());
+                } catch (...) {
+                }
             }
         }
         // The stream may still be using the pass's buffers (a pass that ended early, by an
