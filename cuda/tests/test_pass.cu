@@ -4,6 +4,7 @@
 // F32 pages (what lands in the pages too), the GDN conv and mix for every segment kind plus the
 // verify rollback. Odd sizes throughout.
 #include "cuda_test.hpp"
+#include "pass_test_util.hpp"
 
 #include <clover/clover.hpp>
 
@@ -13,37 +14,11 @@ using gpu = clover::backend::cuda;
 using host = clover::backend::cpu;
 using cudatest::rel;
 
-namespace {
-
-weight f32_weight(const std::vector<float>& v, std::int64_t rows = 1) {
-    weight w;
-    w.data = reinterpret_cast<const std::byte*>(v.data());
-    w.type = dtype::f32;
-    w.rows = rows;
-    w.cols = std::int64_t(v.size()) / rows;
-    w.row_bytes = std::size_t(w.cols) * 4;
-    return w;
-}
-
-std::vector<token> toks(std::int64_t n) { return std::vector<token>(std::size_t(n), 1); }
-
-// A host array into a pass tensor of the device backend, and back.
-void put(gpu::tensor t, const std::vector<float>& h) {
-    REQUIRE(h.size() == std::size_t(t.rows * t.cols));
-    CLOVER_CUDA_CHECK(cudaMemcpy(t.data, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-    // A pageable copy may return before its DMA ends, and the backend's stream is non-blocking:
-    // without this the next kernel could read stale inputs.
-    CLOVER_CUDA_CHECK(cudaDeviceSynchronize());
-}
-std::vector<float> get(gpu::tensor t) {
-    CLOVER_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<float> h(std::size_t(t.rows * t.cols));
-    CLOVER_CUDA_CHECK(cudaMemcpy(h.data(), t.data, h.size() * 4, cudaMemcpyDeviceToHost));
-    return h;
-}
-host::tensor host_tensor(std::vector<float>& v, std::int64_t rows) { return {v.data(), rows, std::int64_t(v.size()) / rows}; }
-
-}  // namespace
+using cudatest::f32_weight;
+using cudatest::get;
+using cudatest::host_tensor;
+using cudatest::put;
+using cudatest::toks;
 
 CUDA_TEST_CASE("embed: token rows dequantized on the device equal quant::dequantize_row, every format") {
     gpu gb({.threads = 2});

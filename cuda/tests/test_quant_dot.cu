@@ -14,35 +14,14 @@
 #include <clover/quant/rows.hpp>
 
 #include "../../tests/common/test_util.hpp"
+#include "quant_test_rows.hpp"
 
 using namespace clover;
 namespace cd = clover::backend::cuda_detail;
 
 namespace {
 
-// rows x K elements of type t: quantized from random floats, or (raw) random bytes.
-std::vector<std::uint8_t> rows_of(dtype t, std::int64_t rows, std::int64_t K, std::uint64_t seed, bool raw) {
-    const std::size_t rb = quant::row_bytes(t, K);
-    std::vector<std::uint8_t> out(rb * std::size_t(rows));
-    if (raw && t != dtype::f32 && t != dtype::f16 && t != dtype::bf16) {
-        rng r(seed);
-        for (auto& b : out) b = std::uint8_t(r.next());
-        // Every code and high-bit pattern, but finite f16 scales (the exponent's top bit cleared:
-        // |d| < 2): an inf or NaN in the sum would hide a difference in later items.
-        std::size_t block = 0;
-        std::vector<std::size_t> scales;
-        if (t == dtype::q8_0) block = 34, scales = {0};
-        if (t == dtype::q4_k) block = 144, scales = {0, 2};
-        if (t == dtype::q5_k) block = 176, scales = {0, 2};
-        if (t == dtype::q6_k) block = 210, scales = {208};
-        for (std::size_t b = 0; b + block <= out.size(); b += block)
-            for (std::size_t at : scales) out[b + at + 1] &= 0xbf;
-        return out;
-    }
-    const auto f = testutil::random_vec(std::size_t(rows * K), seed);
-    for (std::int64_t r = 0; r < rows; ++r) quant::quantize_row(t, f.data() + r * K, out.data() + std::size_t(r) * rb, K);
-    return out;
-}
+using cudatest::rows_of;
 
 template <dtype T>
 void check_format(std::int64_t K, bool raw) {

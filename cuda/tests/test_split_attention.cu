@@ -6,6 +6,7 @@
 // (a verify row bit for bit the same inside a 9-row batch as alone). GPU tests (CUDA_TEST_CASE);
 // the plain TEST_CASEs check the launch plan and the split/merge algebra on the host.
 #include "cuda_test.hpp"
+#include "pass_test_util.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -23,30 +24,11 @@ namespace {
 
 constexpr std::int64_t S = cd::sattn_split;
 
-weight f32_weight(const std::vector<float>& v) {
-    weight w;
-    w.data = reinterpret_cast<const std::byte*>(v.data());
-    w.type = dtype::f32;
-    w.rows = 1;
-    w.cols = std::int64_t(v.size());
-    w.row_bytes = std::size_t(w.cols) * 4;
-    return w;
-}
-
-std::vector<token> toks(std::int64_t n) { return std::vector<token>(std::size_t(n), 1); }
-
-void put(gpu::tensor t, const std::vector<float>& h) {
-    REQUIRE(h.size() == std::size_t(t.rows * t.cols));
-    CLOVER_CUDA_CHECK(cudaMemcpy(t.data, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-    CLOVER_CUDA_CHECK(cudaDeviceSynchronize());  // the backend's stream is non-blocking
-}
-std::vector<float> get(gpu::tensor t) {
-    CLOVER_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<float> h(std::size_t(t.rows * t.cols));
-    CLOVER_CUDA_CHECK(cudaMemcpy(h.data(), t.data, h.size() * 4, cudaMemcpyDeviceToHost));
-    return h;
-}
-host::tensor host_tensor(std::vector<float>& v, std::int64_t rows) { return {v.data(), rows, std::int64_t(v.size()) / rows}; }
+using cudatest::f32_weight;
+using cudatest::get;
+using cudatest::host_tensor;
+using cudatest::put;
+using cudatest::toks;
 
 // One attention layer's shapes and norm weights, and the pools' spec and options.
 struct layer {

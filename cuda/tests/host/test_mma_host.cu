@@ -25,6 +25,7 @@
 #include <clover/quant/rows.hpp>
 
 #include "../../../tests/common/test_util.hpp"
+#include "../quant_test_rows.hpp"
 
 using namespace clover;
 namespace cd = clover::backend::cuda_detail;
@@ -77,30 +78,7 @@ struct emu_warp {
     }
 };
 
-bool is_float(dtype t) { return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16; }
-
-// rows x K of type t: quantized from random floats, or (raw) random bytes with finite f16 scales
-// (every code and high-bit pattern, odd scales and mins).
-std::vector<std::uint8_t> rows_of(dtype t, std::int64_t rows, std::int64_t K, std::uint64_t seed, bool raw) {
-    const std::size_t rb = quant::row_bytes(t, K);
-    std::vector<std::uint8_t> out(rb * std::size_t(rows));
-    if (raw && !is_float(t)) {
-        rng r(seed);
-        for (auto& b : out) b = std::uint8_t(r.next());
-        std::size_t block = 0;
-        std::vector<std::size_t> scales;
-        if (t == dtype::q8_0) block = 34, scales = {0};
-        if (t == dtype::q4_k) block = 144, scales = {0, 2};
-        if (t == dtype::q5_k) block = 176, scales = {0, 2};
-        if (t == dtype::q6_k) block = 210, scales = {208};
-        for (std::size_t b = 0; b + block <= out.size(); b += block)
-            for (std::size_t at : scales) out[b + at + 1] &= 0xbf;  // |d| < 2: no inf/NaN hiding a difference
-        return out;
-    }
-    const auto f = testutil::random_vec(std::size_t(rows * K), seed);
-    for (std::int64_t r = 0; r < rows; ++r) quant::quantize_row(t, f.data() + r * K, out.data() + std::size_t(r) * rb, K);
-    return out;
-}
+using cudatest::rows_of;
 
 // mm_kernel's order for one (output, row), with the plain twin (packed = false) or the packed
 // form: lane l's partial over items l, l+32, ..., then warp_sum's butterfly, lane 0's value.

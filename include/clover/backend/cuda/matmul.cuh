@@ -208,21 +208,28 @@ struct mm_args {
     std::int64_t tile0;        // the tile of blockIdx.y == 0 (set by launch_mm: grid.y <= 65,535)
 };
 
+// The tile of this block (blockIdx.y past a.tile0): from the grouped list, or rows
+// [rows·t, rows·t + rows) of a dense product. False past the list's device-side length.
+__device__ inline bool tile_of(const mm_args& a, int rows, mm_tile& tl) {
+    const std::int64_t tile = a.tile0 + blockIdx.y;
+    if (a.tiles) {
+        if (tile >= *a.n_tiles) return false;
+        tl = a.tiles[tile];
+    } else {
+        tl.mat = 0;
+        tl.p0 = int(tile * rows);  // n <= INT_MAX, checked by launch_mm
+        tl.p1 = min(int(a.n), tl.p0 + rows);
+    }
+    return true;
+}
+
 template <dtype T>
 static __global__ void __launch_bounds__(mm_warps * 32) mm_kernel(mm_args a) {
     const int lane = threadIdx.x % 32;
     const std::int64_t o = std::int64_t(blockIdx.x) * mm_warps + threadIdx.x / 32;
     if (o >= a.N) return;
-    const std::int64_t tile = a.tile0 + blockIdx.y;
     mm_tile tl;
-    if (a.tiles) {
-        if (tile >= *a.n_tiles) return;
-        tl = a.tiles[tile];
-    } else {
-        tl.mat = 0;
-        tl.p0 = int(tile * mm_rows);  // n <= INT_MAX, checked by launch_mm
-        tl.p1 = min(int(a.n), tl.p0 + mm_rows);
-    }
+    if (!tile_of(a, mm_rows, tl)) return;
     const int nr = tl.p1 - tl.p0;
     const std::uint8_t* xr[mm_rows];
     for (int r = 0; r < mm_rows; ++r) {
@@ -248,16 +255,8 @@ static __global__ void __launch_bounds__(mma_warps * 32) mma_kernel(mm_args a) {
     const int wi = threadIdx.x / 32;
     const std::int64_t o0 = (std::int64_t(blockIdx.x) * mma_warps + wi) * mma_m;
     if (o0 >= a.N) return;  // the whole warp (o0 is warp-uniform): mma.sync needs all 32 lanes
-    const std::int64_t tile = a.tile0 + blockIdx.y;
     mm_tile tl;
-    if (a.tiles) {
-        if (tile >= *a.n_tiles) return;
-        tl = a.tiles[tile];
-    } else {
-        tl.mat = 0;
-        tl.p0 = int(tile * mma_n);  // n <= INT_MAX, checked by launch_mm
-        tl.p1 = min(int(a.n), tl.p0 + mma_n);
-    }
+    if (!tile_of(a, mma_n, tl)) return;
     mma_job j;
     j.w = a.w + std::size_t(tl.mat) * a.mat_bytes;
     j.row_bytes = a.row_bytes;
