@@ -91,8 +91,9 @@ TEST_CASE("prompt_cuts: every batch tokens and at message starts, each cut depen
 TEST_CASE("a prompt resumed from the cache gives the logits of computing it whole, bit for bit") {
     const std::string path = testutil::synth_file("pc_odd.gguf", testutil::clover_odd_spec());
     rt_model m(load(path), {2});
-    for (bool f16 : {false, true}) {
+    for (const auto& [f16, finished] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
         CAPTURE(f16);
+        CAPTURE(finished);  // insert_finished: the checkpoints move into the cache (a server's finished request)
         decode::prefix_cache<rt_model> cache(m, f16, std::size_t(64) << 20);
         const session_options so{.ctx = 512, .kv_f16 = f16};
         // Turn 1, then turn 2 = turn 1's prompt up to a message start + new text (what the chat
@@ -103,7 +104,17 @@ TEST_CASE("a prompt resumed from the cache gives the logits of computing it whol
             auto s = cache.open(so, a, cuts_of(a), std::int64_t(a.size()) - 1, cached);
             CHECK(cached == 0);
             compute(m, s, a, 0);
-            cache.insert(s, std::int64_t(a.size()));
+            const auto held = m.checkpoints(s);
+            REQUIRE(!held.empty());
+            if (finished) {
+                cache.insert_finished(s, std::int64_t(a.size()));
+                CHECK(m.checkpoints(s).empty());  // moved, not copied
+                CHECK_THROWS_WITH(m.save_state(s, held.back()), doctest::Contains("no GDN checkpoint"));
+            } else {
+                cache.insert(s, std::int64_t(a.size()));
+                CHECK(m.checkpoints(s) == held);
+            }
+            CHECK(cache.positions() == held);
         }
         REQUIRE(cache.stats().entries > 0);
         std::int64_t last_boundary = 0;
@@ -186,6 +197,7 @@ TEST_CASE("misuse of shared prefixes is one clear error") {
     compute(m, s, p, 0);
     CHECK_THROWS_WITH(m.hold_pages(s, 3, 2), doctest::Contains("outside the sequence"));
     CHECK_THROWS_WITH(m.save_state(s, 33), doctest::Contains("no GDN checkpoint at position 33"));
+    CHECK_THROWS_WITH(m.take_state(s, 33), doctest::Contains("no GDN checkpoint at position 33"));
     const auto cks = m.checkpoints(s);
     REQUIRE(!cks.empty());
     const std::int64_t c = cks.back();

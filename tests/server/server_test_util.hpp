@@ -131,6 +131,7 @@ struct scripted_model {
     }
     void drop_pages(int pool, std::span<const std::int32_t> pages) const { base.drop_pages(pool, pages); }
     saved_state save_state(const session& s, std::int64_t pos) const { return base.save_state(s, pos); }
+    saved_state take_state(session& s, std::int64_t pos) const { return base.take_state(s, pos); }
     session new_session_from(session_options o, std::span<const std::int32_t> pages, std::span<const token> tokens,
                              const saved_state& st) const {
         return base.new_session_from(o, pages, tokens, st);

@@ -158,6 +158,7 @@ concept backend_for = requires(B& be, typename B::context& cx, typename B::state
     { st.hold_pages(seq, n, n) } -> std::same_as<std::vector<std::int32_t>>;  // pages [first, first + count)
     st.drop_pages(std::span<const std::int32_t>{});
     { st.save(seq, n) } -> std::same_as<typename B::state::saved_state>;      // GDN states at 0 or a checkpoint
+    { st.take(seq, n) } -> std::same_as<typename B::state::saved_state>;      // the same, moved out of the sequence
     { st.open_from(n, std::span<const std::int32_t>{}, n, st.save(seq, n)) } -> std::same_as<seq_id>;
     // Keeps the first `n` rows of the sequence's last verify segment and forgets the rest:
     // KV rows truncated, the GDN states of `layers` replayed from the recorded block-start

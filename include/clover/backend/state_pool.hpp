@@ -264,6 +264,18 @@ public:
         const gdn_checkpoint* c = find_checkpoint(get(id), pos);
         return c ? std::make_shared<const gdn_checkpoint>(*c) : nullptr;
     }
+    // The same, moved out of a sequence that will not go back to `pos` (its checkpoint there is
+    // gone): what a prefix cache keeps of a finished request, without a copy. Copying was most
+    // of the time between one answer and the next turn's first pass (the fresh memory's page
+    // faults: 193 ms for turn 1's six checkpoints of the 8-layer 35B-A3B file on a 2-core VM).
+    saved_state take(seq_id id, std::int64_t pos) {
+        sequence& s = get(id);
+        const auto it = std::find_if(s.checkpoints.begin(), s.checkpoints.end(), [&](const gdn_checkpoint& c) { return c.pos == pos; });
+        if (it == s.checkpoints.end()) return save(id, pos);  // 0 or no checkpoint: as save() says
+        auto out = std::make_shared<const gdn_checkpoint>(std::move(*it));
+        s.checkpoints.erase(it);
+        return out;
+    }
     std::size_t saved_bytes(const saved_state& c) const { return c ? checkpoint_bytes() : 0; }
     // A new sequence of `capacity` tokens whose first `pos` rows are those of `pages`
     // (ceil(pos / page) of them, from hold_pages) and whose GDN states are `st` (saved at pos).

@@ -106,54 +106,15 @@ public:
         return s;
     }
 
-    // Keeps the resume points of a session that is done (its checkpoints up to `upto`, with
-    // the pages before them), then evicts down to the budget. The session is only read.
+    // Keeps the resume points of a session (its checkpoints up to `upto`, with the pages before
+    // them), then evicts down to the budget. The session is only read: its GDN states are copied.
     void insert(const session& s, std::int64_t upto) {
-        if (s.pool() != pool_) return;
-        upto = std::min(upto, s.n_past());
-        const std::vector<token>& toks = s.tokens();
-        for (std::int64_t c : m_.checkpoints(s)) {
-            if (c < 1 || c > upto) continue;
-            // First what can fail (a copy of the GDN states, tens of MB on a large model), so
-            // a failure leaves no page held and no node without a resume point.
-            saved st = m_.save_state(s, c);
-            node* n = &root_;
-            for (std::int64_t d = 0; d < c / P_; ++d) {
-                std::vector<token> key(toks.begin() + d * P_, toks.begin() + (d + 1) * P_);
-                auto it = n->kids.find(key);
-                if (it == n->kids.end()) {
-                    auto k = std::make_unique<node>();
-                    k->parent = n;
-                    k->depth = d + 1;
-                    if (page_bytes_) k->page = m_.hold_pages(s, d, 1)[0];
-                    bytes_ += page_bytes_;
-                    ++pages_;
-                    it = n->kids.emplace(std::move(key), std::move(k)).first;
-                }
-                n = it->second.get();
-            }
-            std::vector<token> rest(toks.begin() + (c / P_) * P_, toks.begin() + c);
-            auto same = std::find_if(n->tails.begin(), n->tails.end(), [&](const auto& t) { return t->toks == rest; });
-            if (same != n->tails.end()) {
-                (*same)->used = ++clock_;
-                continue;
-            }
-            auto t = std::make_unique<tail>();
-            t->owner = n;
-            t->toks = std::move(rest);
-            if (!t->toks.empty() && page_bytes_) {
-                t->page = m_.hold_pages(s, c / P_, 1)[0];
-                t->bytes += page_bytes_;
-                ++pages_;
-            }
-            t->st = std::move(st);
-            if (t->st) t->bytes += m_.checkpoint_bytes();
-            t->used = ++clock_;
-            bytes_ += t->bytes;
-            n->tails.push_back(std::move(t));
-            ++entries_;
-        }
-        while (bytes_ > budget_ && entries_ > 0) evict_oldest();
+        insert_with(s, upto, [&](std::int64_t c) { return m_.save_state(s, c); });
+    }
+    // The same for a session that is done (a server's finished request): its checkpoints move
+    // into the cache instead of being copied, so it can no longer go back to them.
+    void insert_finished(session& s, std::int64_t upto) {
+        insert_with(s, upto, [&](std::int64_t c) { return m_.take_state(s, c); });
     }
 
     // Drops everything (its pages go back to the pool unless sessions still hold them).
@@ -182,7 +143,74 @@ public:
     }
 
 private:
+    template <class StateAt>
+    void insert_with(const session& s, std::int64_t upto, StateAt&& state_at) {
+        if (s.pool() != pool_) return;
+        upto = std::min(upto, s.n_past());
+        const std::vector<token>& toks = s.tokens();
+        for (std::int64_t c : m_.checkpoints(s)) {
+            if (c < 1 || c > upto) continue;
+            // A point the cache holds already (every earlier turn's, in a conversation) is only
+            // touched: copying its GDN states again to throw them away cost the next turn's TTFT
+            // ~5-10 ms on the bundled model (the next request is admitted after this).
+            if (tail* held = find_tail(toks, c)) {
+                held->used = ++clock_;
+                continue;
+            }
+            // First what can fail (save_state's copy of the GDN states, tens of MB on a large model), so
+            // a failure leaves no page held and no node without a resume point.
+            saved st = state_at(c);
+            node* n = &root_;
+            for (std::int64_t d = 0; d < c / P_; ++d) {
+                std::vector<token> key(toks.begin() + d * P_, toks.begin() + (d + 1) * P_);
+                auto it = n->kids.find(key);
+                if (it == n->kids.end()) {
+                    auto k = std::make_unique<node>();
+                    k->parent = n;
+                    k->depth = d + 1;
+                    if (page_bytes_) k->page = m_.hold_pages(s, d, 1)[0];
+                    bytes_ += page_bytes_;
+                    ++pages_;
+                    it = n->kids.emplace(std::move(key), std::move(k)).first;
+                }
+                n = it->second.get();
+            }
+            std::vector<token> rest(toks.begin() + (c / P_) * P_, toks.begin() + c);
+            auto t = std::make_unique<tail>();
+            t->owner = n;
+            t->toks = std::move(rest);
+            if (!t->toks.empty() && page_bytes_) {
+                t->page = m_.hold_pages(s, c / P_, 1)[0];
+                t->bytes += page_bytes_;
+                ++pages_;
+            }
+            t->st = std::move(st);
+            if (t->st) t->bytes += m_.checkpoint_bytes();
+            t->used = ++clock_;
+            bytes_ += t->bytes;
+            n->tails.push_back(std::move(t));
+            ++entries_;
+        }
+        while (bytes_ > budget_ && entries_ > 0) evict_oldest();
+    }
+
     std::int64_t pos_of(const tail& t) const { return t.owner->depth * P_ + std::int64_t(t.toks.size()); }
+
+    // The resume point at exactly toks[0, c), if the cache holds it.
+    tail* find_tail(const std::vector<token>& toks, std::int64_t c) {
+        node* n = &root_;
+        std::vector<token> key(static_cast<std::size_t>(P_));
+        for (std::int64_t d = 0; d < c / P_; ++d) {
+            std::copy(toks.begin() + d * P_, toks.begin() + (d + 1) * P_, key.begin());
+            auto it = n->kids.find(key);
+            if (it == n->kids.end()) return nullptr;
+            n = it->second.get();
+        }
+        const auto first = toks.begin() + (c / P_) * P_, last = toks.begin() + c;
+        for (auto& t : n->tails)
+            if (std::equal(t->toks.begin(), t->toks.end(), first, last)) return t.get();
+        return nullptr;
+    }
 
     // The resume point with the longest prefix of prompt[0, limit] that ends at a cut.
     tail* find(std::span<const token> prompt, std::span<const std::int64_t> cuts, std::int64_t limit) {

@@ -142,6 +142,8 @@ public:
     }
     void drop_pages(int pool, std::span<const std::int32_t> pages) { state_of(pool).drop_pages(pages); }
     saved_state save_state(const session& s, std::int64_t pos) { return state_of(s.pool()).save(s.id(), pos); }
+    // save_state without a copy: the session loses its checkpoint at pos (it cannot go back there).
+    saved_state take_state(session& s, std::int64_t pos) { return state_of(s.pool()).take(s.id(), pos); }
     // A session of o.ctx tokens whose first tokens.size() positions are `pages` (from
     // hold_pages, ceil(n / page_size()) of them) with GDN states `st` saved at that position.
     session new_session_from(session_options o, std::span<const std::int32_t> pages, std::span<const token> tokens,
