@@ -51,8 +51,12 @@ struct gemm_scratch {
 // summation order changes with the row count). The quantized tiles are row-exact already.
 inline void run_gemm(thread_pool& pool, gemm_scratch& sc, std::span<const gemm_job> jobs, bool exact) {
     if (jobs.empty()) return;
-    // Dense f32 with several rows: Eigen's blocked GEMM, split over output features.
-    if (jobs.size() == 1 && jobs[0].w->type == dtype::f32 && jobs[0].n > 1 && !jobs[0].rows && !exact) {
+    // Dense f32 with more rows than a few sequences' decode step: Eigen's blocked GEMM, split over
+    // output features. Up to small_batch_tokens rows the row tiles below stream the weights once;
+    // Eigen packed every weight block again for 8 rows (gemm_pack_lhs was 3.3 % of an 8-sequence
+    // decode step of the 8-layer Q4_K_M file, whose router and GDN gates are F32; gone from perf
+    // after this, the step's t/s unchanged within this 2-core VM's noise, 2026-12-05).
+    if (jobs.size() == 1 && jobs[0].w->type == dtype::f32 && jobs[0].n > small_batch_tokens && !jobs[0].rows && !exact) {
         const weight& w = *jobs[0].w;
         float* y = jobs[0].y;
         const std::int64_t N = w.rows, m = jobs[0].n, K = w.cols;
