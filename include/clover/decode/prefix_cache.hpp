@@ -153,7 +153,7 @@ private:
             // A point the cache holds already (every earlier turn's, in a conversation) is only
             // touched: copying its GDN states again to throw them away cost the next turn's TTFT
             // ~5-10 ms on the bundled model (the next request is admitted after this).
-            if (tail* held = find_tail(toks, c)) {
+            if (tail* held = find(std::span<const token>(toks).first(std::size_t(c)), std::span<const std::int64_t>(&c, 1), c)) {
                 held->used = ++clock_;
                 continue;
             }
@@ -195,22 +195,6 @@ private:
     }
 
     std::int64_t pos_of(const tail& t) const { return t.owner->depth * P_ + std::int64_t(t.toks.size()); }
-
-    // The resume point at exactly toks[0, c), if the cache holds it.
-    tail* find_tail(const std::vector<token>& toks, std::int64_t c) {
-        node* n = &root_;
-        std::vector<token> key(static_cast<std::size_t>(P_));
-        for (std::int64_t d = 0; d < c / P_; ++d) {
-            std::copy(toks.begin() + d * P_, toks.begin() + (d + 1) * P_, key.begin());
-            auto it = n->kids.find(key);
-            if (it == n->kids.end()) return nullptr;
-            n = it->second.get();
-        }
-        const auto first = toks.begin() + (c / P_) * P_, last = toks.begin() + c;
-        for (auto& t : n->tails)
-            if (std::equal(t->toks.begin(), t->toks.end(), first, last)) return t.get();
-        return nullptr;
-    }
 
     // The resume point with the longest prefix of prompt[0, limit] that ends at a cut.
     tail* find(std::span<const token> prompt, std::span<const std::int64_t> cuts, std::int64_t limit) {
