@@ -145,6 +145,8 @@ void run_tests(const options& o, const device_choice& dc) {
     const double t0 = now_s();
     auto m = open_model<M>(o.model, o.threads, dc);
     const double load_s = now_s() - t0;
+    const std::string placement = weights_placement(m->backend());
+    const bool huge_pages = placement == "weights in huge pages";
     const bool with_decoder = o.decoder != "ar";
     if (with_decoder || o.preview > 0) m->require_diffusion();
     const auto& f = *m->weights().file;
@@ -294,10 +296,10 @@ void run_tests(const options& o, const device_choice& dc) {
             std::printf("{\"engine\":\"clover\",\"model\":\"%s\",\"size_gib\":%.3f,\"params_b\":%.3f,\"backend\":\"%s\","
                         "\"isa\":\"%s\",\"threads\":%d,\"type_kv\":\"%s\",\"decoder\":\"%s\",\"test\":\"%s\",\"n_prompt\":%lld,\"n_gen\":%lld,"
                         "\"avg_ts\":%.4f,\"stddev_ts\":%.4f,\"samples_ts\":[%s],\"tokens_per_pass\":%.4g,\"ms_per_pass\":%.4f,"
-                        "\"load_s\":%.3f,\"gen_bytes_per_token\":%.0f,\"parallel\":%lld",
+                        "\"load_s\":%.3f,\"huge_pages\":%s,\"gen_bytes_per_token\":%.0f,\"parallel\":%lld",
                         desc.c_str(), double(bytes) / (1024.0 * 1024 * 1024), double(params) / 1e9, B::name, isa.c_str(), threads,
                         o.kv.c_str(), pv ? "preview" : k == kind::pp || par ? "ar" : o.decoder.c_str(), t.test.c_str(), (long long)t.n_prompt, (long long)t.n_gen,
-                        t.avg(), t.sd(), samples.c_str(), tpp, ms_per_pass, load_s, gen_bytes, t.n_gen > 0 ? (long long)N : 1LL);
+                        t.avg(), t.sd(), samples.c_str(), tpp, ms_per_pass, load_s, huge_pages ? "true" : "false", gen_bytes, t.n_gen > 0 ? (long long)N : 1LL);
             if (pv || (k == kind::tg && with_decoder))
                 std::printf(",\"block\":%lld,\"coreset\":%lld%s", pv ? o.preview : o.block, (long long)coreset_used,
                             pv ? "" : (",\"threshold\":" + std::to_string(o.threshold)).c_str());
@@ -316,7 +318,7 @@ void run_tests(const options& o, const device_choice& dc) {
     }
     if (!o.json && !notes.empty()) std::printf("\n%s", notes.c_str());
     if (!o.json)
-        std::printf("\nload: %.3f s (weights mmapped in place); a generated token reads %.1f MB of weights\n", load_s, gen_bytes / 1e6);
+        std::printf("\nload: %.3f s (%s); a generated token reads %.1f MB of weights\n", load_s, placement.c_str(), gen_bytes / 1e6);
 }
 
 }  // namespace bench_detail

@@ -121,8 +121,9 @@ concept backend_for = requires(B& be, typename B::context& cx, typename B::state
     { B::name } -> std::convertible_to<const char*>;
 
     // ---- memory -------------------------------------------------------------------------
-    // The model file's bytes, once at load: a device uploads the weights here; the CPU maps.
-    be.map_weights(std::span<const std::byte>{});
+    // The model file's bytes, once at load: a device uploads the weights here; the CPU maps
+    // them, in huge pages when it may (cpu_options::huge_pages).
+    be.map_weights(weight_memory{});
     // The state pool for layers `spec` (one entry per model layer).
     { be.make_state(spec, so) } -> std::same_as<typename B::state>;
     // Scratch for one pass; buffers live until the context is released. Thread-safe.

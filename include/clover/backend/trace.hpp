@@ -56,7 +56,7 @@ public:
         readbacks_ = passes_ = 0;
     }
 
-    void map_weights(std::span<const std::byte> f) { in_.map_weights(f); }
+    void map_weights(const weight_memory& m) { in_.map_weights(m); }
     state make_state(std::span<const layer_state_spec> spec, const state_options& o) { return in_.make_state(spec, o); }
     context begin_pass() {
         {

@@ -1,10 +1,13 @@
 #pragma once
 // A read-only memory map of a whole file. Weights are used in place from the map: loading a
-// model copies nothing, and pages the OS has not touched cost nothing.
+// model copies nothing, and pages the OS has not touched cost nothing — unless a backend asks
+// for the bytes in huge pages (move_to_huge_pages: a private copy at the same addresses).
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -14,6 +17,7 @@
 #include <unistd.h>
 
 #include "clover/core/error.hpp"
+#include "clover/io/huge_pages.hpp"
 #include "clover/io/regular_file.hpp"
 
 namespace clover::io {
@@ -36,6 +40,8 @@ public:
                 fail(path_, ": cannot mmap: ", std::strerror(e));
             }
             data_ = static_cast<const std::byte*>(p);
+            fd_ = fd;  // kept for move_to_huge_pages: it reads the very file that is mapped
+            return;
         }
         ::close(fd);
     }
@@ -63,22 +69,45 @@ public:
         ::madvise(const_cast<std::byte*>(data_) + start, std::min(len + (offset - start), size_ - start), MADV_WILLNEED);
     }
 
+    // Replaces the map's pages by a private copy in transparent huge pages at the same
+    // addresses (io/huge_pages.hpp: why, and when it is refused). The bytes and every pointer
+    // into the map stay the same, so it is safe while other threads read the map. "" when the
+    // bytes are in huge pages (now or by an earlier call), else why not (the map is unchanged).
+    std::string move_to_huge_pages() const {
+        static std::mutex mu;  // rare (once per model load); serialises two models sharing one file
+        std::lock_guard lk(mu);
+        if (in_huge_pages_) return "";
+        if (!data_) return "nothing is mapped";
+        if (std::string why = huge_page_plan(size_, read_memory_outlook()); !why.empty()) return why;
+        if (std::string why = copy_map_to_huge_pages(data_, size_, fd_); !why.empty()) return why;
+        in_huge_pages_ = true;
+        return "";
+    }
+    bool in_huge_pages() const { return in_huge_pages_; }
+
 private:
     void reset() {
-        if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+        if (data_) ::munmap(const_cast<std::byte*>(data_), size_);  // the copy, after move_to_huge_pages
+        if (fd_ >= 0) ::close(fd_);
         data_ = nullptr;
         size_ = 0;
+        fd_ = -1;
+        in_huge_pages_ = false;
     }
     void swap(mapped_file& o) noexcept {
         std::swap(path_, o.path_);
         std::swap(data_, o.data_);
         std::swap(size_, o.size_);
         std::swap(identity_, o.identity_);
+        std::swap(fd_, o.fd_);
+        in_huge_pages_.store(o.in_huge_pages_.exchange(in_huge_pages_.load()));
     }
     std::string path_;
     const std::byte* data_ = nullptr;
     std::size_t size_ = 0;
     file_identity identity_;
+    int fd_ = -1;
+    mutable std::atomic<bool> in_huge_pages_ = false;  // read without the mutex (in_huge_pages)
 };
 
 }  // namespace clover::io

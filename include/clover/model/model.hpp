@@ -71,7 +71,9 @@ public:
         : hp_(read_hparams(*file, warn)), weights_(bind_weights(file, hp_)), be_(opt) {
         check_fits<V>(hp_, file->path());
         if constexpr (!V::diffusion) weights_.missing_diffusion.clear();  // causal-only variants never ask
-        be_.map_weights(file->map().bytes());
+        weight_memory wm{file->map().bytes(), {}};
+        if (!wm.bytes.empty()) wm.to_huge_pages = [f = file.get()] { return f->map().move_to_huge_pages(); };
+        be_.map_weights(wm);
         const dims<V> d = dim();
         for (std::int64_t il = 0; il < d.n_layer(); ++il) {
             spec_.push_back(std::visit([&]<class W>(const W&) { return mixer_layer<W>::state_spec(d); },

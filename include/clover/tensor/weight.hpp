@@ -4,6 +4,8 @@
 // A 3-D expert tensor (ne = {cols, rows, n_expert}) is a stack of such matrices: expert(e).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 
 #include "clover/core/dtype.hpp"
@@ -38,6 +40,16 @@ struct weight {
     }
     // Reads a 1-D f32 vector weight (norm weights, biases).
     const float* f32() const { return reinterpret_cast<const float*>(data); }
+};
+
+// The bytes every weight of a model points into, as a backend receives them at load
+// (backend concept: map_weights).
+struct weight_memory {
+    std::span<const std::byte> bytes;
+    // Moves `bytes` into transparent huge pages at the same addresses (a private copy; every
+    // weight stays valid): "" when done, else why not, and nothing changed. Empty when the bytes
+    // are not a file map (a virtual file built in memory).
+    std::function<std::string()> to_huge_pages;
 };
 
 }  // namespace clover

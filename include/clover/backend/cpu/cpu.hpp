@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -34,8 +35,9 @@
 namespace clover::backend {
 
 struct cpu_options {
-    int threads = 0;       // 0: all hardware threads
-    bool prefault = true;  // map_weights populates the page tables of the weight file at load
+    int threads = 0;         // 0: all hardware threads
+    bool huge_pages = true;  // map_weights moves the weights into 2 MiB pages (io/huge_pages.hpp) when memory allows
+    bool prefault = true;    // otherwise it populates the page tables of the weight file at load
 };
 
 // One product of the host-pointer helper matmul_many (tests, kernel twins): y[n, w.rows] =
@@ -116,7 +118,18 @@ public:
     // perf on the 8-layer Q4_K_M file). llama.cpp does the same with MAP_POPULATE. Skipped for
     // files larger than 3/4 of physical memory (they only fit through demand paging) and when
     // options.prefault is false or CLOVER_NO_PREFAULT is set.
-    void map_weights(std::span<const std::byte> file) const {
+    void map_weights(const weight_memory& m) {
+        if (opt_.huge_pages && m.to_huge_pages) {
+            std::string why = m.to_huge_pages();
+            if (why.empty()) {
+                weights_placement_ = "weights in huge pages";
+                return;  // populated by the copy
+            }
+            weights_placement_ = "weights mapped in place: " + why;
+        } else {
+            weights_placement_ = "weights mapped in place";
+        }
+        const std::span<const std::byte> file = m.bytes;
         if (!opt_.prefault || file.empty() || std::getenv("CLOVER_NO_PREFAULT")) return;
         const long page = ::sysconf(_SC_PAGESIZE);
         const double phys = double(::sysconf(_SC_PHYS_PAGES)) * double(page);
@@ -259,6 +272,9 @@ public:
         cpu_detail::run_gemm(pool_, helper_scratch_, g, exact_rows_);
     }
     static void matmul_ref(const weight& w, const float* x, float* y, std::int64_t n) { cpu_detail::gemm_ref(w, x, y, n); }
+    // Where map_weights left the weights, for the load line ("weights in huge pages", or
+    // "weights mapped in place" and why).
+    const std::string& weights_placement() const { return weights_placement_; }
 
 private:
     void release(std::unique_ptr<context::data> d) {
@@ -272,6 +288,7 @@ private:
     std::vector<std::unique_ptr<context::data>> free_;
     cpu_detail::gemm_scratch helper_scratch_;
     bool exact_rows_ = false;
+    std::string weights_placement_ = "no weights mapped";
 };
 
 }  // namespace clover::backend

@@ -53,6 +53,7 @@ struct cuda_options {
                         // and are computed by the CPU (llama.cpp's meaning of the flag)
     std::size_t staging_bytes = std::size_t(64) << 20;  // pinned buffer weights are uploaded through
     bool graphs = true;  // passes captured into CUDA graphs and replayed (graph.cuh); off with n_cpu_moe > 0
+    bool host_huge_pages = true;  // with n_cpu_moe: the host's weights in huge pages (cpu_options::huge_pages)
 };
 
 class cuda {
@@ -122,7 +123,7 @@ public:
         std::unique_ptr<data> d_;
     };
 
-    explicit cuda(options o = {}) : opt_(o), cpu_(cpu_options{o.threads}) {
+    explicit cuda(options o = {}) : opt_(o), cpu_(cpu_options{.threads = o.threads, .huge_pages = o.n_cpu_moe > 0 && o.host_huge_pages}) {
         const int n = cuda_detail::device_count();
         if (n == 0) fail("backend::cuda: no CUDA device is available");
         if (o.device < 0 || o.device >= n) fail("backend::cuda: device ", o.device, " does not exist (", n, " found)");
@@ -163,7 +164,8 @@ public:
     }
 
     // ---- memory ----
-    void map_weights(std::span<const std::byte> f) { cpu_.map_weights(f); }
+    // The host copy matters only for the experts kept on the CPU (cpu_options::huge_pages).
+    void map_weights(const weight_memory& m) { cpu_.map_weights(m); }
     state make_state(std::span<const layer_state_spec> spec, const state_options& o) {
         cuda_detail::device_guard on(opt_.device);
         check_limits(spec);
