@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -80,8 +81,12 @@ inline memory_outlook read_memory_outlook() {
     const std::string max = huge_detail::first_line("/sys/fs/cgroup/memory.max");
     const std::string cur = huge_detail::first_line("/sys/fs/cgroup/memory.current");
     if (!max.empty() && max != "max" && !cur.empty()) {
-        const std::size_t lim = std::stoull(max), used = std::stoull(cur);
-        m.available = std::min(m.available, lim > used ? lim - used : 0);
+        try {
+            const std::size_t lim = std::stoull(max), used = std::stoull(cur);
+            m.available = std::min(m.available, lim > used ? lim - used : 0);
+        } catch (const std::exception&) {  // unreadable numbers: no copy rather than a failed load
+            m.available = 0;
+        }
     }
     return m;
 }
