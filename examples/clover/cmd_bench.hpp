@@ -146,7 +146,6 @@ void run_tests(const options& o, const device_choice& dc) {
     auto m = open_model<M>(o.model, o.threads, dc);
     const double load_s = now_s() - t0;
     const std::string placement = weights_placement(m->backend());
-    const bool huge_pages = placement == "weights in huge pages";
     const bool with_decoder = o.decoder != "ar";
     if (with_decoder || o.preview > 0) m->require_diffusion();
     const auto& f = *m->weights().file;
@@ -299,7 +298,7 @@ void run_tests(const options& o, const device_choice& dc) {
                         "\"load_s\":%.3f,\"huge_pages\":%s,\"gen_bytes_per_token\":%.0f,\"parallel\":%lld",
                         desc.c_str(), double(bytes) / (1024.0 * 1024 * 1024), double(params) / 1e9, B::name, isa.c_str(), threads,
                         o.kv.c_str(), pv ? "preview" : k == kind::pp || par ? "ar" : o.decoder.c_str(), t.test.c_str(), (long long)t.n_prompt, (long long)t.n_gen,
-                        t.avg(), t.sd(), samples.c_str(), tpp, ms_per_pass, load_s, huge_pages ? "true" : "false", gen_bytes, t.n_gen > 0 ? (long long)N : 1LL);
+                        t.avg(), t.sd(), samples.c_str(), tpp, ms_per_pass, load_s, f.map().in_huge_pages() ? "true" : "false", gen_bytes, t.n_gen > 0 ? (long long)N : 1LL);
             if (pv || (k == kind::tg && with_decoder))
                 std::printf(",\"block\":%lld,\"coreset\":%lld%s", pv ? o.preview : o.block, (long long)coreset_used,
                             pv ? "" : (",\"threshold\":" + std::to_string(o.threshold)).c_str());

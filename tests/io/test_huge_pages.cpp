@@ -50,6 +50,27 @@ long anonymous_kb_at(const void* p) {
 
 constexpr std::size_t MiB = std::size_t(1) << 20;
 
+// A file of n random bytes, open and mapped read-only and private (as mapped_file maps).
+struct mapped_random_file {
+    std::vector<char> bytes;
+    int fd = -1;
+    void* p = MAP_FAILED;
+    std::size_t n;
+    mapped_random_file(const std::string& name, std::size_t size) : n(size) {
+        const std::string path = testutil::tmp(name);
+        bytes = random_file(path, n);
+        fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        REQUIRE(fd >= 0);
+        p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
+        REQUIRE(p != MAP_FAILED);
+    }
+    ~mapped_random_file() {
+        if (p != MAP_FAILED) ::munmap(p, n);
+        if (fd >= 0) ::close(fd);
+    }
+    const std::byte* map() const { return static_cast<const std::byte*>(p); }
+};
+
 }  // namespace
 
 TEST_CASE("huge_page_plan: refuses small files, THP off, and copies that would not fit") {
@@ -76,38 +97,24 @@ TEST_CASE("read_memory_outlook: this machine's THP mode and a plausible amount o
 TEST_CASE("copy_map_to_huge_pages: the same bytes at the same addresses, in anonymous memory") {
     // Odd size and an odd offset inside: the tail page and the 2 MiB phase are exercised.
     const std::size_t n = 5 * MiB + 12345;
-    const std::string path = testutil::tmp("huge_pages_copy.bin");
-    const auto want = random_file(path, n);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    REQUIRE(fd >= 0);
-    void* p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
-    REQUIRE(p != MAP_FAILED);
-    const auto* map = static_cast<const std::byte*>(p);
+    const mapped_random_file f("huge_pages_copy.bin", n);
+    const std::byte* map = f.map();
     CHECK(anonymous_kb_at(map) == 0);  // the file's own pages
-    CHECK(io::copy_map_to_huge_pages(map, n, fd) == "");
-    CHECK(std::memcmp(map, want.data(), n) == 0);
+    CHECK(io::copy_map_to_huge_pages(map, n, f.fd) == "");
+    CHECK(std::memcmp(map, f.bytes.data(), n) == 0);
     CHECK(anonymous_kb_at(map) >= long(n / 1024) - 4);  // every page is the copy now
     CHECK(anonymous_kb_at(map + n - 1) >= 0);            // the tail is still mapped
-    ::munmap(p, n);
-    ::close(fd);
 }
 
 TEST_CASE("copy_map_to_huge_pages: a file shorter than the map is an error and the map is untouched") {
     const std::size_t n = 3 * MiB;
-    const std::string path = testutil::tmp("huge_pages_short.bin");
-    const auto want = random_file(path, n);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    REQUIRE(fd >= 0);
-    void* p = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
-    REQUIRE(p != MAP_FAILED);
-    const auto* map = static_cast<const std::byte*>(p);
+    const mapped_random_file f("huge_pages_short.bin", n);
+    const std::byte* map = f.map();
     // Ask for more bytes than the file has (as if it had been truncated): the read comes short.
-    const std::string why = io::copy_map_to_huge_pages(map, n + MiB, fd);
+    const std::string why = io::copy_map_to_huge_pages(map, n + MiB, f.fd);
     CHECK(why.find("shorter") != std::string::npos);
-    CHECK(std::memcmp(map, want.data(), n) == 0);
+    CHECK(std::memcmp(map, f.bytes.data(), n) == 0);
     CHECK(anonymous_kb_at(map) == 0);
-    ::munmap(p, n);
-    ::close(fd);
 }
 
 TEST_CASE("mapped_file::move_to_huge_pages: as the plan says; pointers and bytes stay; once only") {
