@@ -218,6 +218,48 @@ TEST_CASE("a tile's (row, token) result does not depend on the tile shape (bitwi
     }
 }
 
+TEST_CASE("the wide small-batch tiles (2 rows x 5..8 tokens) equal one-row tiles bitwise and the twin, odd sizes") {
+    int tested = 0;
+    for (dtype t : all_types) {
+        const auto& ks = cd::kernels_for(t);
+        for (std::int64_t K : sizes_for(t)) {
+            if (!ks.wide_tile(8)) continue;
+            CAPTURE(dtype_name(t)); CAPTURE(K);
+            // two weight rows 3 rows apart: the tile takes the distance as its row stride
+            test_matrix m(t, 4, K, std::uint64_t(K) * 5 + 3);
+            const std::size_t ws = 3 * m.w.row_bytes;
+            const auto x = testutil::random_vec(std::size_t(8 * K), std::uint64_t(K) * 11 + 4, -2.f, 2.f);
+            const dtype at = quant::activation_type(t);
+            const std::size_t arb = quant::row_bytes(at, K), stride = cd::act_row_bytes(ks.act, K);
+            std::vector<std::byte> xa(arb * 8);
+            cd::aligned_buffer buf;
+            std::byte* ap = buf.get(stride * 8);
+            cd::prep_scratch ps;
+            for (int c = 0; c < 8; ++c) {
+                quant::quantize_row(at, x.data() + c * K, xa.data() + c * arb, K);
+                cd::prepare_row(ks.act, x.data() + c * K, ap + c * stride, K, ps);
+            }
+            for (int C = 5; C <= 8; ++C) {
+                CAPTURE(C);
+                float y[2 * 8];
+                ks.wide_tile(C)(m.w.row(0), ws, ap, stride, K, y, 2);
+                for (int c = 0; c < C; ++c)
+                    for (int r = 0; r < 2; ++r) {
+                        float one = 0.f;
+                        ks.tile(1, 1)(m.w.row(3 * r), m.w.row_bytes, ap + c * stride, stride, K, &one, 1);
+                        CHECK(std::bit_cast<std::uint32_t>(y[2 * c + r]) == std::bit_cast<std::uint32_t>(one));
+                        const float ref = quant::vec_dot_ref(t, m.w.row(3 * r), xa.data() + c * arb, K);
+                        CHECK(y[2 * c + r] == doctest::Approx(ref).epsilon(1e-4).scale(std::sqrt(double(K))));
+                    }
+                ++tested;
+            }
+        }
+    }
+#if CLOVER_CPU_AVX512
+    CHECK(tested > 0);  // Q8_0 has them with AVX-512
+#endif
+}
+
 TEST_CASE("backend matmul equals matmul_ref (threads, token chunks, Eigen path, odd shapes)") {
     backend::cpu be({2});
     for (dtype t : all_types) {

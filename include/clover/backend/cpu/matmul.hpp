@@ -73,10 +73,16 @@ using gemv2_fn = void (*)(const std::byte* w, std::size_t ws, std::size_t stream
 
 struct kernel_set {
     tile_fn tiles[3][4] = {};  // [R = 1, 2, 4][C = 1..4]
+    // R = 2 × C = 5..8 for the small-batch path (5–8 sequences decoding together): each weight
+    // row pair is unpacked and read once for all the tokens. Null where it does not pay (the
+    // K-quant tiles keep an int32 sum besides the float one per (row, token), and 2 × 8 of them
+    // spill: bench_kernels' batch8 Q4_K 108 -> 82 GMAC/s, Q6_K 96 -> 71 on a 2-core Zen 5 VM).
+    tile_fn wide[4] = {};
     gemv2_fn gemv2 = nullptr;
     int gemm_r = 2, gemm_c = 4;
     enum class prep { f32_exact, f16_round, bf16_round, bf16_raw, q8_0_std, q8_0_pair, q8_k_std, q8_k_ext } act{};
     tile_fn tile(int R, int C) const { return tiles[R == 4 ? 2 : R - 1][C - 1]; }
+    tile_fn wide_tile(int C) const { return C >= 5 && C <= 8 ? wide[C - 5] : nullptr; }
 };
 
 template <template <int, int> class K>
@@ -97,6 +103,11 @@ constexpr void fill_tiles(kernel_set& ks) {
     ks.tiles[0][0] = K<1, 1>::f; ks.tiles[0][1] = K<1, 2>::f; ks.tiles[0][2] = K<1, 3>::f; ks.tiles[0][3] = K<1, 4>::f;
     ks.tiles[1][0] = K<2, 1>::f; ks.tiles[1][1] = K<2, 2>::f; ks.tiles[1][2] = K<2, 3>::f; ks.tiles[1][3] = K<2, 4>::f;
     ks.tiles[2][0] = K<4, 1>::f; ks.tiles[2][1] = K<4, 2>::f; ks.tiles[2][2] = K<4, 3>::f; ks.tiles[2][3] = K<4, 4>::f;
+}
+
+template <template <int, int> class K>
+constexpr void fill_wide_tiles(kernel_set& ks) {
+    ks.wide[0] = K<2, 5>::f; ks.wide[1] = K<2, 6>::f; ks.wide[2] = K<2, 7>::f; ks.wide[3] = K<2, 8>::f;
 }
 
 #define CLOVER_TILE_ADAPTER(NAME, EXPR)            \
@@ -171,7 +182,10 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
             // R = 4 for Q8_0: its tile keeps only float accumulators, and 4 rows × 4 tokens
             // measured 119 vs 102 GMAC/s for 2 × 4 (in L2, one thread); the K-quant tiles spill
             // at 4 × 4 (Q4_K 9.2 vs 7.8 ns per super-block and row), so they stay at 2 × 4.
-            case dtype::q8_0: fill_tiles<q8_0_512>(ks); ks.act = P::q8_0_pair; ks.gemm_r = 4; break;
+            // Q8_0's 2 × 8 tile holds 16 float accumulators: bench_kernels' batch8 (8 tokens
+            // streaming 512 MiB of weights, one thread, 2-core Zen 5 VM) read 47–50 GMAC/s with
+            // two 2 × 4 calls per row pair and 57–67 with one 2 × 8 call.
+            case dtype::q8_0: fill_tiles<q8_0_512>(ks); fill_wide_tiles<q8_0_512>(ks); ks.act = P::q8_0_pair; ks.gemm_r = 4; break;
             case dtype::q4_k: fill_tiles<q4_k_512>(ks); ks.act = P::q8_k_ext; break;
             case dtype::q5_k: fill_tiles<q5_k_512>(ks); ks.act = P::q8_k_ext; break;
             case dtype::q6_k: fill_tiles<q6_k_512>(ks); ks.act = P::q8_k_ext; break;
@@ -303,8 +317,9 @@ inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_
     const std::int64_t K = w.cols;
     const std::size_t ws = w.row_bytes;
     const std::int64_t half = (r1 - r0) / 2;
-    const int C = ks.gemm_c;  // ≤ 4
-    float two[2 * 4];         // [c][row of the pair]
+    const tile_fn wide = ks.wide_tile(int(t1 - t0));
+    const int C = wide ? int(t1 - t0) : ks.gemm_c;  // ≤ 8
+    float two[2 * 8];                                // [c][row of the pair]
     const bool prefetch = t1 - t0 >= small_batch_prefetch_from;
     for (std::int64_t i = 0; i < half; ++i) {
         const std::int64_t ra = r0 + i, rb = r0 + half + i;
@@ -318,7 +333,7 @@ inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_
         }
         for (std::int64_t t = t0; t < t1; t += C) {
             const int c = int(std::min<std::int64_t>(C, t1 - t));
-            ks.tile(2, c)(w.row(ra), std::size_t(half) * ws, a.row(t), a.stride, K, two, 2);
+            (wide ? wide : ks.tile(2, c))(w.row(ra), std::size_t(half) * ws, a.row(t), a.stride, K, two, 2);
             for (int k = 0; k < c; ++k) {
                 y[(t + k) * ldy + ra] = two[2 * k];
                 y[(t + k) * ldy + rb] = two[2 * k + 1];
@@ -326,8 +341,8 @@ inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_
         }
     }
     if ((r1 - r0) % 2)
-        for (std::int64_t t = t0; t < t1; t += C) {
-            const int c = int(std::min<std::int64_t>(C, t1 - t));
+        for (std::int64_t t = t0; t < t1; t += ks.gemm_c) {
+            const int c = int(std::min<std::int64_t>(ks.gemm_c, t1 - t));
             ks.tile(1, c)(w.row(r1 - 1), ws, a.row(t), a.stride, K, y + t * ldy + r1 - 1, ldy);
         }
 }
