@@ -260,6 +260,41 @@ TEST_CASE("the wide small-batch tiles (2 rows x 5..8 tokens) equal one-row tiles
 #endif
 }
 
+TEST_CASE("the streaming tiles (2 rows x 1..8 tokens, prefetching the next pair) equal one-row tiles bitwise, odd sizes") {
+    int tested = 0;
+    for (dtype t : all_types) {
+        const auto& ks = cd::kernels_for(t);
+        for (std::int64_t K : sizes_for(t)) {
+            CAPTURE(dtype_name(t)); CAPTURE(K);
+            test_matrix m(t, 7, K, std::uint64_t(K) * 13 + 5);  // rows 0 and 3, prefetching 1 and 4 (or 3 and 6)
+            const std::size_t ws = 3 * m.w.row_bytes;
+            const auto x = testutil::random_vec(std::size_t(8 * K), std::uint64_t(K) * 17 + 6, -2.f, 2.f);
+            const std::size_t stride = cd::act_row_bytes(ks.act, K);
+            cd::aligned_buffer buf;
+            std::byte* ap = buf.get(stride * 8);
+            cd::prep_scratch ps;
+            for (int c = 0; c < 8; ++c) cd::prepare_row(ks.act, x.data() + c * K, ap + c * stride, K, ps);
+            for (int C = 1; C <= 8; ++C)
+                for (const std::ptrdiff_t pfd : {std::ptrdiff_t(0), std::ptrdiff_t(m.w.row_bytes), std::ptrdiff_t(ws)}) {
+                    if (!ks.stream_tile(C)) continue;
+                    CAPTURE(C); CAPTURE(pfd);
+                    float y[2 * 8];
+                    ks.stream_tile(C)(m.w.row(0), ws, ap, stride, K, y, 2, pfd);
+                    for (int c = 0; c < C; ++c)
+                        for (int r = 0; r < 2; ++r) {
+                            float one = 0.f;
+                            ks.tile(1, 1)(m.w.row(3 * r), m.w.row_bytes, ap + c * stride, stride, K, &one, 1);
+                            CHECK(std::bit_cast<std::uint32_t>(y[2 * c + r]) == std::bit_cast<std::uint32_t>(one));
+                        }
+                    ++tested;
+                }
+        }
+    }
+#if CLOVER_CPU_AVX512
+    CHECK(tested > 0);  // the quantized types have them with AVX-512
+#endif
+}
+
 TEST_CASE("backend matmul equals matmul_ref (threads, token chunks, Eigen path, odd shapes)") {
     backend::cpu be({2});
     for (dtype t : all_types) {

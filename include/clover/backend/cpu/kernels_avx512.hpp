@@ -46,9 +46,12 @@ inline float h2f(quant::f16_bits h) { return _cvtsh_ss(h); }
 
 // ---------------------------------------------------------------- Q8_0 × Q8_0 (a8_pair rows)
 
-template <int R, int C>
-void q8_0_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
-               std::int64_t ldy) {
+// PF (the streaming form of the small-batch path, matmul.hpp): each block step also prefetches
+// into L1 the same place pfd bytes further on (the next row pair), a line at a time, so that the
+// loads of the next pair are in flight while this one computes instead of issued in one burst.
+template <int R, int C, bool PF>
+void q8_0_tile_body(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+                    std::int64_t ldy, std::ptrdiff_t pfd) {
     const std::int64_t nb = K / 32, np = (nb + 1) / 2;
     __m512 acc[R][C];
     for (int r = 0; r < R; ++r)
@@ -60,6 +63,10 @@ void q8_0_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size
         __m512 dw[R];
         for (int r = 0; r < R; ++r) {
             const auto* blk = reinterpret_cast<const quant::block_q8_0*>(w + std::size_t(r) * ws) + 2 * p;
+            if constexpr (PF) {  // a pair of blocks is 68 bytes: its first and last byte's lines
+                __builtin_prefetch(reinterpret_cast<const char*>(blk) + pfd, 0, 3);
+                __builtin_prefetch(reinterpret_cast<const char*>(blk) + pfd + 67, 0, 3);
+            }
             const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[0].qs));
             const __m256i up = hi ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[1].qs)) : _mm256_setzero_si256();
             wv[r] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), up, 1), flip);  // w + 128
@@ -86,6 +93,15 @@ void q8_0_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size
     }
     for (int c = 0; c < C; ++c)
         for (int r = 0; r < R; ++r) y[c * ldy + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+template <int R, int C>
+void q8_0_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy) {
+    q8_0_tile_body<R, C, false>(w, ws, a, as, K, y, ldy, 0);
+}
+template <int R, int C>
+void q8_0_tile_pf(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy,
+                  std::ptrdiff_t pfd) {
+    q8_0_tile_body<R, C, true>(w, ws, a, as, K, y, ldy, pfd);
 }
 
 // ---------------------------------------------------------------- K-quants × Q8_K (a8k_block rows)
@@ -138,10 +154,11 @@ inline __m512i k4_nibbles(const std::uint8_t* q32) {
     return _mm512_and_si512(_mm512_srlv_epi16(b, sh), _mm512_set1_epi8(0x0f));
 }
 
-// Shared body of Q4_K and Q5_K: Block is block_q4_k or block_q5_k.
-template <class Block, bool Five, int R, int C>
+// Shared body of Q4_K and Q5_K: Block is block_q4_k or block_q5_k. PF: as q8_0_tile_body, a
+// line per row and pair of sub-blocks (4 × 64 bytes cover a super-block of 144 or 176).
+template <class Block, bool Five, int R, int C, bool PF = false>
 void k4_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
-             std::int64_t ldy) {
+             std::int64_t ldy, std::ptrdiff_t pfd = 0) {
     const std::int64_t nsb = K / 256;
     __m512 acc[R][C];
     for (int r = 0; r < R; ++r)
@@ -163,6 +180,7 @@ void k4_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t
         for (int p = 0; p < 4; ++p) {
             __m512i wv[R], sv[R];
             for (int r = 0; r < R; ++r) {
+                if constexpr (PF) __builtin_prefetch(reinterpret_cast<const char*>(blk[r]) + pfd + 64 * p, 0, 3);
                 sv[r] = k4_scale_pair(sw[r], p);
                 wv[r] = k4_nibbles(blk[r]->qs + 32 * p);
                 if constexpr (Five) {
@@ -202,11 +220,22 @@ template <int R, int C>
 void q5_k_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy) {
     k4_tile<quant::block_q5_k, true, R, C>(w, ws, a, as, K, y, ldy);
 }
-
-// Q6_K: 4 groups of 64 values per super-block; group g = half g/2, nibble g%2.
 template <int R, int C>
-void q6_k_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
-               std::int64_t ldy) {
+void q4_k_tile_pf(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy,
+                  std::ptrdiff_t pfd) {
+    k4_tile<quant::block_q4_k, false, R, C, true>(w, ws, a, as, K, y, ldy, pfd);
+}
+template <int R, int C>
+void q5_k_tile_pf(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy,
+                  std::ptrdiff_t pfd) {
+    k4_tile<quant::block_q5_k, true, R, C, true>(w, ws, a, as, K, y, ldy, pfd);
+}
+
+// Q6_K: 4 groups of 64 values per super-block; group g = half g/2, nibble g%2. PF: as
+// q8_0_tile_body, a line per row and group (4 × 64 bytes cover a super-block of 210).
+template <int R, int C, bool PF>
+void q6_k_tile_body(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+                    std::int64_t ldy, std::ptrdiff_t pfd) {
     const std::int64_t nsb = K / 256;
     __m512 acc[R][C];
     for (int r = 0; r < R; ++r)
@@ -244,6 +273,7 @@ void q6_k_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size
             const __m512i idx = _mm512_load_si512(idx_tab[g]);
             __m512i wv[R], sv[R];
             for (int r = 0; r < R; ++r) {
+                if constexpr (PF) __builtin_prefetch(reinterpret_cast<const char*>(blk[r]) + pfd + 64 * g, 0, 3);
                 sv[r] = _mm512_permutexvar_epi16(idx, s16z[r]);
                 const __m512i ql = _mm512_loadu_si512(blk[r]->ql + 64 * h);
                 const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r]->qh + 32 * h)));
@@ -266,6 +296,16 @@ void q6_k_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size
     }
     for (int c = 0; c < C; ++c)
         for (int r = 0; r < R; ++r) y[c * ldy + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+template <int R, int C>
+void q6_k_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy) {
+    q6_k_tile_body<R, C, false>(w, ws, a, as, K, y, ldy, 0);
+}
+template <int R, int C>
+void q6_k_tile_pf(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy,
+                  std::ptrdiff_t pfd) {
+    q6_k_tile_body<R, C, true>(w, ws, a, as, K, y, ldy, pfd);
 }
 
 // ---------------------------------------------------------------- BF16 × BF16 (vdpbf16ps)

@@ -71,6 +71,11 @@ void ref_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_
 using gemv2_fn = void (*)(const std::byte* w, std::size_t ws, std::size_t stream_off, std::int64_t n, const std::byte* a,
                           std::int64_t K, float* y0, float* y1);
 
+// A 2-row tile that also prefetches the rows pfd bytes further on while it computes (the
+// streaming small-batch path below).
+using stream_tile_fn = void (*)(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+                                std::int64_t ldy, std::ptrdiff_t pfd);
+
 struct kernel_set {
     tile_fn tiles[3][4] = {};  // [R = 1, 2, 4][C = 1..4]
     // R = 2 × C = 5..8 for the small-batch path (5–8 sequences decoding together): each weight
@@ -78,11 +83,15 @@ struct kernel_set {
     // K-quant tiles keep an int32 sum besides the float one per (row, token), and 2 × 8 of them
     // spill: bench_kernels' batch8 Q4_K 108 -> 82 GMAC/s, Q6_K 96 -> 71 on a 2-core Zen 5 VM).
     tile_fn wide[4] = {};
+    // R = 2 × C = 1..8 (C > 4 where `wide`) with the next row pair's prefetch spread over the
+    // super-block loop; null where the build has none (the driver then prefetches in one burst).
+    stream_tile_fn stream[8] = {};
     gemv2_fn gemv2 = nullptr;
     int gemm_r = 2, gemm_c = 4;
     enum class prep { f32_exact, f16_round, bf16_round, bf16_raw, q8_0_std, q8_0_pair, q8_k_std, q8_k_ext } act{};
     tile_fn tile(int R, int C) const { return tiles[R == 4 ? 2 : R - 1][C - 1]; }
     tile_fn wide_tile(int C) const { return C >= 5 && C <= 8 ? wide[C - 5] : nullptr; }
+    stream_tile_fn stream_tile(int C) const { return C >= 1 && C <= 8 ? stream[C - 1] : nullptr; }
 };
 
 template <template <int, int> class K>
@@ -108,6 +117,11 @@ constexpr void fill_tiles(kernel_set& ks) {
 template <template <int, int> class K>
 constexpr void fill_wide_tiles(kernel_set& ks) {
     ks.wide[0] = K<2, 5>::f; ks.wide[1] = K<2, 6>::f; ks.wide[2] = K<2, 7>::f; ks.wide[3] = K<2, 8>::f;
+}
+template <template <int, int> class K>
+constexpr void fill_stream_tiles(kernel_set& ks, bool wide) {
+    ks.stream[0] = K<2, 1>::f; ks.stream[1] = K<2, 2>::f; ks.stream[2] = K<2, 3>::f; ks.stream[3] = K<2, 4>::f;
+    if (wide) { ks.stream[4] = K<2, 5>::f; ks.stream[5] = K<2, 6>::f; ks.stream[6] = K<2, 7>::f; ks.stream[7] = K<2, 8>::f; }
 }
 
 #define CLOVER_TILE_ADAPTER(NAME, EXPR)            \
@@ -137,6 +151,16 @@ CLOVER_TILE_ADAPTER(q8_0_512, k512::q8_0_tile)
 CLOVER_TILE_ADAPTER(q4_k_512, k512::q4_k_tile)
 CLOVER_TILE_ADAPTER(q5_k_512, k512::q5_k_tile)
 CLOVER_TILE_ADAPTER(q6_k_512, k512::q6_k_tile)
+#define CLOVER_STREAM_ADAPTER(NAME, EXPR)            \
+    template <int R, int C>                          \
+    struct NAME {                                    \
+        static constexpr stream_tile_fn f = EXPR<R, C>; \
+    };
+CLOVER_STREAM_ADAPTER(q8_0_512_pf, k512::q8_0_tile_pf)
+CLOVER_STREAM_ADAPTER(q4_k_512_pf, k512::q4_k_tile_pf)
+CLOVER_STREAM_ADAPTER(q5_k_512_pf, k512::q5_k_tile_pf)
+CLOVER_STREAM_ADAPTER(q6_k_512_pf, k512::q6_k_tile_pf)
+#undef CLOVER_STREAM_ADAPTER
 #if CLOVER_CPU_AVX512_BF16
 CLOVER_TILE_ADAPTER(bf16_512, k512::bf16_tile)
 #endif
@@ -185,10 +209,15 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
             // Q8_0's 2 × 8 tile holds 16 float accumulators: bench_kernels' batch8 (8 tokens
             // streaming 512 MiB of weights, one thread, 2-core Zen 5 VM) read 47–50 GMAC/s with
             // two 2 × 4 calls per row pair and 57–67 with one 2 × 8 call.
-            case dtype::q8_0: fill_tiles<q8_0_512>(ks); fill_wide_tiles<q8_0_512>(ks); ks.act = P::q8_0_pair; ks.gemm_r = 4; break;
-            case dtype::q4_k: fill_tiles<q4_k_512>(ks); ks.act = P::q8_k_ext; break;
-            case dtype::q5_k: fill_tiles<q5_k_512>(ks); ks.act = P::q8_k_ext; break;
-            case dtype::q6_k: fill_tiles<q6_k_512>(ks); ks.act = P::q8_k_ext; break;
+            // The stream tiles: bench_kernels' batch8 (one thread, same VM) Q8_0 60–65 -> 74,
+            // Q6_K 96–98 -> 110, Q4_K 103–104 -> 111 GMAC/s over the burst before each pair.
+            case dtype::q8_0:
+                fill_tiles<q8_0_512>(ks); fill_wide_tiles<q8_0_512>(ks); fill_stream_tiles<q8_0_512_pf>(ks, true);
+                ks.act = P::q8_0_pair; ks.gemm_r = 4;
+                break;
+            case dtype::q4_k: fill_tiles<q4_k_512>(ks); fill_stream_tiles<q4_k_512_pf>(ks, false); ks.act = P::q8_k_ext; break;
+            case dtype::q5_k: fill_tiles<q5_k_512>(ks); fill_stream_tiles<q5_k_512_pf>(ks, false); ks.act = P::q8_k_ext; break;
+            case dtype::q6_k: fill_tiles<q6_k_512>(ks); fill_stream_tiles<q6_k_512_pf>(ks, false); ks.act = P::q8_k_ext; break;
 #elif CLOVER_CPU_AVX2
             case dtype::q8_0: fill_tiles<q8_0_256>(ks); ks.act = P::q8_0_std; break;
             case dtype::q4_k: fill_tiles<q4_k_256>(ks); ks.act = P::q8_k_ext; break;
@@ -309,7 +338,10 @@ inline constexpr std::int64_t small_batch_tokens = 8;
 // `clover bench --parallel 8 -n 64` (8-layer Q4_K_M, 2 threads, five alternating rounds) gained
 // a median 1.08x (0.98–1.11x; the Q8_0 file 1.04x, three rounds). With 2 or 4 rows it lost
 // 6–17 % (as at one row: the tile is memory-bound and the prefetches only compete with the
-// hardware's), hence the threshold.
+// hardware's), hence the threshold. Where the build has stream tiles (AVX-512, quantized
+// weights) the prefetches are spread over the first tile call's super-block loop instead of
+// issued in one burst before it: perf had two thirds of the driver loop's samples on that
+// burst's prefetch instruction (tg64x8, 8-layer Q8_0).
 inline constexpr std::int64_t small_batch_prefetch_from = 8;
 
 inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1, const act_view& a,
@@ -321,9 +353,19 @@ inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_
     const int C = wide ? int(t1 - t0) : ks.gemm_c;  // ≤ 8
     float two[2 * 8];                                // [c][row of the pair]
     const bool prefetch = t1 - t0 >= small_batch_prefetch_from;
+    const stream_tile_fn stream = prefetch ? ks.stream_tile(std::min<int>(C, int(t1 - t0))) : nullptr;
     for (std::int64_t i = 0; i < half; ++i) {
         const std::int64_t ra = r0 + i, rb = r0 + half + i;
-        if (prefetch && i + 1 < half) {
+        std::int64_t t = t0;
+        if (stream) {  // the first token group prefetches the next pair (itself at the last pair)
+            const int c = int(std::min<std::int64_t>(C, t1 - t));
+            stream(w.row(ra), std::size_t(half) * ws, a.row(t), a.stride, K, two, 2, i + 1 < half ? std::ptrdiff_t(ws) : 0);
+            for (int k = 0; k < c; ++k) {
+                y[(t + k) * ldy + ra] = two[2 * k];
+                y[(t + k) * ldy + rb] = two[2 * k + 1];
+            }
+            t += c;
+        } else if (prefetch && i + 1 < half) {
             const char* pa = reinterpret_cast<const char*>(w.row(ra + 1));
             const char* pb = reinterpret_cast<const char*>(w.row(rb + 1));
             for (std::size_t o = 0; o < ws; o += 64) {
@@ -331,7 +373,7 @@ inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_
                 __builtin_prefetch(pb + o, 0, 3);
             }
         }
-        for (std::int64_t t = t0; t < t1; t += C) {
+        for (; t < t1; t += C) {
             const int c = int(std::min<std::int64_t>(C, t1 - t));
             (wide ? wide : ks.tile(2, c))(w.row(ra), std::size_t(half) * ws, a.row(t), a.stride, K, two, 2);
             for (int k = 0; k < c; ++k) {
