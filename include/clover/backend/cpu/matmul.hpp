@@ -81,7 +81,7 @@ struct kernel_set {
     // R = 2 × C = 5..8 for the small-batch path (5–8 sequences decoding together): each weight
     // row pair is unpacked and read once for all the tokens. Null where it does not pay (the
     // K-quant tiles keep an int32 sum besides the float one per (row, token), and 2 × 8 of them
-    // spill: bench_kernels' batch8 Q4_K 108 -> 82 GMAC/s, Q6_K 96 -> 71 on a 2-core Zen 5 VM).
+    // spill: 8 streaming tokens, one thread, Q4_K 108 -> 82 GMAC/s, Q6_K 96 -> 71, 2-core Zen 5).
     tile_fn wide[4] = {};
     // R = 2 × C = 1..8 (C > 4 where `wide`) with the next row pair's prefetch spread over the
     // super-block loop; null where the build has none (the driver then prefetches in one burst).
@@ -206,11 +206,12 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
             // R = 4 for Q8_0: its tile keeps only float accumulators, and 4 rows × 4 tokens
             // measured 119 vs 102 GMAC/s for 2 × 4 (in L2, one thread); the K-quant tiles spill
             // at 4 × 4 (Q4_K 9.2 vs 7.8 ns per super-block and row), so they stay at 2 × 4.
-            // Q8_0's 2 × 8 tile holds 16 float accumulators: bench_kernels' batch8 (8 tokens
-            // streaming 512 MiB of weights, one thread, 2-core Zen 5 VM) read 47–50 GMAC/s with
-            // two 2 × 4 calls per row pair and 57–67 with one 2 × 8 call.
-            // The stream tiles: bench_kernels' batch8 (one thread, same VM) Q8_0 60–65 -> 74,
-            // Q6_K 96–98 -> 110, Q4_K 103–104 -> 111 GMAC/s over the burst before each pair.
+            // Q8_0's 2 × 8 tile holds 16 float accumulators: 8 tokens streaming 512 MiB of
+            // weights (bench_kernels' batch8 method, one thread, 2-core Zen 5 VM) read 47–50
+            // GMAC/s with two 2 × 4 calls per row pair and 57–67 with one 2 × 8 call; `clover
+            // bench` tg64x8 on the 8-layer Q8_0 file gained a median 1.08x (3 alternating rounds).
+            // The stream tiles, same method: Q8_0 60–65 -> 74, Q6_K 96–98 -> 110, Q4_K 103–104 ->
+            // 111 GMAC/s over the burst before each pair; tg64x8 1.07x on Q4_K_M, 1.04x on Q8_0.
             case dtype::q8_0:
                 fill_tiles<q8_0_512>(ks); fill_wide_tiles<q8_0_512>(ks); fill_stream_tiles<q8_0_512_pf>(ks, true);
                 ks.act = P::q8_0_pair; ks.gemm_r = 4;
