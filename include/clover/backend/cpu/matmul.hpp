@@ -341,8 +341,11 @@ inline constexpr std::int64_t small_batch_tokens = 8;
 // 6–17 % (as at one row: the tile is memory-bound and the prefetches only compete with the
 // hardware's), hence the threshold. Where the build has stream tiles (AVX-512, quantized
 // weights) the prefetches are spread over the first tile call's super-block loop instead of
-// issued in one burst before it: perf had two thirds of the driver loop's samples on that
-// burst's prefetch instruction (tg64x8, 8-layer Q8_0).
+// issued in one burst before it (perf had two thirds of the driver loop's samples on that
+// burst's prefetch instruction, tg64x8, 8-layer Q8_0), and from 2 tokens on: `clover bench`
+// tg64xN, 2 threads, 3 alternating rounds, stream tiles from 2 tokens vs from 8: N = 2 Q8_0
+// 1.22x, Q4_K_M 1.05x; N = 4 1.25x / 1.06x; N = 8 0.98x / 1.05x (2-core Zen 5 VM). The threshold
+// below is for the burst.
 inline constexpr std::int64_t small_batch_prefetch_from = 8;
 
 inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1, const act_view& a,
@@ -354,7 +357,7 @@ inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_
     const int C = wide ? int(t1 - t0) : ks.gemm_c;  // ≤ 8
     float two[2 * 8];                                // [c][row of the pair]
     const bool prefetch = t1 - t0 >= small_batch_prefetch_from;
-    const stream_tile_fn stream = prefetch ? ks.stream_tile(std::min<int>(C, int(t1 - t0))) : nullptr;
+    const stream_tile_fn stream = ks.stream_tile(std::min<int>(C, int(t1 - t0)));
     for (std::int64_t i = 0; i < half; ++i) {
         const std::int64_t ra = r0 + i, rb = r0 + half + i;
         std::int64_t t = t0;
