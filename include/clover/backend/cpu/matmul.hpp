@@ -119,9 +119,9 @@ constexpr void fill_wide_tiles(kernel_set& ks) {
     ks.wide[0] = K<2, 5>::f; ks.wide[1] = K<2, 6>::f; ks.wide[2] = K<2, 7>::f; ks.wide[3] = K<2, 8>::f;
 }
 template <template <int, int> class K>
-constexpr void fill_stream_tiles(kernel_set& ks, bool wide) {
+constexpr void fill_stream_tiles(kernel_set& ks) {  // C > 4 only where the set has wide tiles
     ks.stream[0] = K<2, 1>::f; ks.stream[1] = K<2, 2>::f; ks.stream[2] = K<2, 3>::f; ks.stream[3] = K<2, 4>::f;
-    if (wide) { ks.stream[4] = K<2, 5>::f; ks.stream[5] = K<2, 6>::f; ks.stream[6] = K<2, 7>::f; ks.stream[7] = K<2, 8>::f; }
+    if (ks.wide[0]) { ks.stream[4] = K<2, 5>::f; ks.stream[5] = K<2, 6>::f; ks.stream[6] = K<2, 7>::f; ks.stream[7] = K<2, 8>::f; }
 }
 
 #define CLOVER_TILE_ADAPTER(NAME, EXPR)            \
@@ -213,12 +213,12 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
             // The stream tiles, same method: Q8_0 60–65 -> 74, Q6_K 96–98 -> 110, Q4_K 103–104 ->
             // 111 GMAC/s over the burst before each pair; tg64x8 1.07x on Q4_K_M, 1.04x on Q8_0.
             case dtype::q8_0:
-                fill_tiles<q8_0_512>(ks); fill_wide_tiles<q8_0_512>(ks); fill_stream_tiles<q8_0_512_pf>(ks, true);
+                fill_tiles<q8_0_512>(ks); fill_wide_tiles<q8_0_512>(ks); fill_stream_tiles<q8_0_512_pf>(ks);
                 ks.act = P::q8_0_pair; ks.gemm_r = 4;
                 break;
-            case dtype::q4_k: fill_tiles<q4_k_512>(ks); fill_stream_tiles<q4_k_512_pf>(ks, false); ks.act = P::q8_k_ext; break;
-            case dtype::q5_k: fill_tiles<q5_k_512>(ks); fill_stream_tiles<q5_k_512_pf>(ks, false); ks.act = P::q8_k_ext; break;
-            case dtype::q6_k: fill_tiles<q6_k_512>(ks); fill_stream_tiles<q6_k_512_pf>(ks, false); ks.act = P::q8_k_ext; break;
+            case dtype::q4_k: fill_tiles<q4_k_512>(ks); fill_stream_tiles<q4_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
+            case dtype::q5_k: fill_tiles<q5_k_512>(ks); fill_stream_tiles<q5_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
+            case dtype::q6_k: fill_tiles<q6_k_512>(ks); fill_stream_tiles<q6_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
 #elif CLOVER_CPU_AVX2
             case dtype::q8_0: fill_tiles<q8_0_256>(ks); ks.act = P::q8_0_std; break;
             case dtype::q4_k: fill_tiles<q4_k_256>(ks); ks.act = P::q8_k_ext; break;
