@@ -293,21 +293,24 @@ TEST_CASE("attention softmax: the vector form equals the plain definition bit fo
     }
 }
 
-TEST_CASE("attend_group and attend_rows equal the plain twin bit for bit (GQA groups, F16/F32 runs, odd key counts, every head size)") {
+TEST_CASE("attend_group and attend_rows equal the plain twin bit for bit (GQA groups, F16/F32 runs, odd key counts, every head size, serial scores)") {
     namespace cd = backend::cpu_detail;
-    // reduce_each is reduce() of each vector, in the same pairs of lanes.
+    // P::transpose: r[d] lane t = r[t] lane d (the key blocks of the fast form).
     {
         using P = cd::native;
         std::vector<float> raw = testutil::random_vec(std::size_t(P::lanes * P::lanes), 9);
-        for (std::size_t i = 0; i < raw.size(); i += 3) raw[i] *= 1e4f;  // sums whose order matters
         typename P::f32v v[P::lanes];
         for (int k = 0; k < P::lanes; ++k) v[k] = P::load(raw.data() + k * P::lanes);
-        float each[P::lanes];
-        P::reduce_each(v, each);
-        for (int k = 0; k < P::lanes; ++k) {
-            const float one = P::reduce(v[k]);
-            CHECK(std::memcmp(&each[k], &one, 4) == 0);
-        }
+        P::transpose(v);
+        std::vector<float> got(raw.size());
+        for (int k = 0; k < P::lanes; ++k) P::store(got.data() + k * P::lanes, v[k]);
+        for (int d = 0; d < P::lanes; ++d)
+            for (int t = 0; t < P::lanes; ++t) CHECK(got[std::size_t(d * P::lanes + t)] == raw[std::size_t(t * P::lanes + d)]);
+    }
+    // dot_serial is one FMA chain in order (what makes a score independent of the vector layout).
+    {
+        const float q[3] = {1e8f, 1.f, -1e8f}, k[3] = {1.f, 1.f, 1.f};
+        CHECK(cd::dot_serial(q, k, 3) == std::fma(-1e8f, 1.f, std::fma(1.f, 1.f, 1e8f)));
     }
     for (std::int64_t hd : {16, 48, 64, 72, 128, 256}) {
         for (std::int64_t G : {1, 2, 3, 5, 8, 11}) {

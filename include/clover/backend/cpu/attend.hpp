@@ -1,21 +1,25 @@
 #pragma once
 // Attention of the G query heads that share one KV head (GQA) over key/value runs: the kernel of
 // backend::cpu's attention primitive. `attend_group` is the fast form; `attend_group_ref` is its
-// plain twin (per key and head: dot_f32 / dot_f32_f16, softmax_plain, axpy), and the two give
-// the same bits (tests/quant/test_fused.cpp) — so the scores of a row never depend on G, on how
-// the keys fall into runs and blocks, or on the other rows of a batch.
+// plain twin (per key and head: dot_serial, softmax_plain, axpy), and the two give the same
+// bits (tests/quant/test_fused.cpp) — so the scores of a row never depend on G, on how the keys
+// fall into runs and blocks, or on the other rows of a batch.
 //
-// Why a second form: per key and head the twin converts the F16 key and value rows again (G = 8
-// for Clover-35B-A3B) and reduces each dot product across lanes on its own (~7 shuffles and
-// adds per 64–256 multiply-adds). Attention was 47 % of a cached conversation turn on the
-// bundled model (perf, bench_server --conversation) and ~1 ms per token per 1,000 positions on
-// the 8-layer 35B-A3B file. Here each block of P::lanes keys is converted once for all G heads,
-// the block's dot products are reduced together (P::reduce_each: the same pairs of lanes), and
-// the values are accumulated in registers over all keys for up to 8 heads at a time; the
-// softmax is softmax.hpp's vector form. Measured (bench_kernels --attention, one Zen 4 thread,
-// one query row): 1.4–1.95x the twin before the softmax change; see the README for after.
+// The score of a key is defined as one chain of fused multiply-adds over the head dimension in
+// order (dot_serial), not as a lane-parallel dot product with a reduction tree: that makes it
+// the same whether the lanes of a vector hold dimensions, keys or heads, so the fast form puts
+// keys across lanes. A block of P::lanes keys is converted from F16 and transposed once
+// (kt[d][key]) for every query vector that reads it — the G heads of a row, and in attend_rows
+// the heads of all R rows of a prefill block — and each query vector then takes one FMA per
+// dimension for the whole block (its q[d] broadcast), with no reduction across lanes at all.
+// The lane-parallel form before it spent ~70 % of a 4-row prefill block in the scores (perf,
+// 2 heads of 64): 4 FMAs per key and head, then ~3 shuffles and adds to reduce each dot product.
+// The values are accumulated in registers over all keys for up to 8 heads at a time; the
+// softmax is softmax.hpp's vector form. Measured (bench_kernels --attention): README.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "clover/backend/cpu/simd.hpp"
@@ -33,8 +37,20 @@ struct kv_run {
     bool f16;
 };
 
+// The score's dot product: Σ_d q[d]·k[d] as fused multiply-adds in order d = 0, 1, … from 0.
+inline float dot_serial(const float* q, const float* k, std::int64_t hd) {
+    float acc = 0.f;
+    for (std::int64_t d = 0; d < hd; ++d) acc = std::fma(q[d], k[d], acc);
+    return acc;
+}
+inline float dot_serial(const float* q, const quant::f16_bits* k, std::int64_t hd) {
+    float acc = 0.f;
+    for (std::int64_t d = 0; d < hd; ++d) acc = std::fma(q[d], quant::f16_to_f32(k[d]), acc);
+    return acc;
+}
+
 // The twin: out[G, hd] from q[G, hd], each head in its own softmax over the keys of all runs in
-// order. p: scratch.
+// order; score = dot_serial · scale. p: scratch.
 inline void attend_group_ref(const float* q, std::int64_t G, const std::vector<kv_run>& runs, std::int64_t hd, float scale,
                              float* out, std::vector<float>& p) {
     std::int64_t n = 0;
@@ -45,10 +61,10 @@ inline void attend_group_ref(const float* q, std::int64_t G, const std::vector<k
         for (std::int64_t j = 0; j < r.n; ++j) {
             if (r.f16) {
                 const auto* kj = static_cast<const quant::f16_bits*>(r.k) + j * r.stride;
-                for (std::int64_t g = 0; g < G; ++g) p[std::size_t(g * n + j0 + j)] = dot_f32_f16(q + g * hd, kj, hd) * scale;
+                for (std::int64_t g = 0; g < G; ++g) p[std::size_t(g * n + j0 + j)] = dot_serial(q + g * hd, kj, hd) * scale;
             } else {
                 const float* kj = static_cast<const float*>(r.k) + j * r.stride;
-                for (std::int64_t g = 0; g < G; ++g) p[std::size_t(g * n + j0 + j)] = dot_f32(q + g * hd, kj, hd) * scale;
+                for (std::int64_t g = 0; g < G; ++g) p[std::size_t(g * n + j0 + j)] = dot_serial(q + g * hd, kj, hd) * scale;
             }
         }
         j0 += r.n;
@@ -72,9 +88,9 @@ inline void attend_group_ref(const float* q, std::int64_t G, const std::vector<k
 
 namespace attend_detail {
 
-// The loops over register arrays (acc[KU][NA], acc[GB][W]) must be unrolled for the arrays to
-// live in registers; -O3 does it, -O2 did not (the accumulators went to the stack: the fast form
-// ran at 0.7x the twin).
+// The loops over register arrays (acc[NP], acc[GB][W], a block to transpose) must be unrolled
+// for the arrays to live in registers; -O3 does it, -O2 did not (the accumulators went to the
+// stack: the fast form ran at 0.7x the twin).
 #if defined(__CUDACC__)  // nvcc's front end warns on "GCC unroll"; its host pass is -O3 anyway
 #define CLOVER_UNROLL
 #elif defined(__clang__)
@@ -84,50 +100,87 @@ namespace attend_detail {
 #else
 #define CLOVER_UNROLL
 #endif
+// block_scores inlined into attend_rows kept its accumulators on the stack (GCC 12: a store
+// and a load per FMA, the 4-row block ran at the speed of the lane-parallel form it replaced);
+// compiled on its own they stay in registers.
+#if defined(__GNUC__) || defined(__clang__)
+#define CLOVER_NOINLINE __attribute__((noinline)) inline
+#else
+#define CLOVER_NOINLINE inline
+#endif
 
-// The lanes of dot_f32 (NA = 4 accumulators: F32 keys) or dot_f32_f16 (NA = 2: F16 keys, here
-// already converted) before their reduction, for KU keys at once: the same FMAs in the same
-// order per key, so reduce() of the result is that function's value (hd a multiple of lanes).
-template <class P, int NA, int KU>
-inline void dot_lanes(const float* q, const float* const* k, std::int64_t hd, typename P::f32v* res) {
+// Keys [j, j + nb) of run r, nb ≤ L, as F32 with keys across lanes: kt[d·L + t] = k_{j+t}[d];
+// lanes t ≥ nb are zero. Full groups of L dimensions go through P::transpose, the rest (hd not
+// a multiple of L) one value at a time.
+template <class P>
+inline void key_block(const kv_run& r, std::int64_t j, int nb, std::int64_t hd, float* kt) {
     using V = typename P::f32v;
     constexpr int L = P::lanes;
-    V acc[KU][NA];
-    CLOVER_UNROLL for (int u = 0; u < KU; ++u)
-        CLOVER_UNROLL for (int a = 0; a < NA; ++a) acc[u][a] = P::zero();
-    std::int64_t i = 0;
-    for (; i + NA * L <= hd; i += NA * L)
-        CLOVER_UNROLL for (int a = 0; a < NA; ++a) {
-            const V qv = P::load(q + i + a * L);
-            CLOVER_UNROLL for (int u = 0; u < KU; ++u) acc[u][a] = P::fma(qv, P::load(k[u] + i + a * L), acc[u][a]);
-        }
-    for (; i + L <= hd; i += L) {
-        const V qv = P::load(q + i);
-        CLOVER_UNROLL for (int u = 0; u < KU; ++u) acc[u][0] = P::fma(qv, P::load(k[u] + i), acc[u][0]);
+    const auto* k16 = static_cast<const quant::f16_bits*>(r.k) + j * r.stride;
+    const auto* k32 = static_cast<const float*>(r.k) + j * r.stride;
+    // The next block's rows, a line at a time: the transpose reads L rows side by side, L
+    // streams the hardware prefetcher did not keep ahead once the keys left L2.
+    const std::size_t eb = r.f16 ? 2 : 4, row_bytes = std::size_t(hd) * eb;
+    const std::int64_t next = std::min<std::int64_t>(L, r.n - j - L);
+    for (std::int64_t t = 0; t < next; ++t) {
+        const char* row = static_cast<const char*>(r.k) + std::size_t((j + L + t) * r.stride) * eb;
+        for (std::size_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(row + o, 0, 3);
     }
-    CLOVER_UNROLL for (int u = 0; u < KU; ++u)
-        res[u] = NA == 4 ? P::add(P::add(acc[u][0], acc[u][1]), P::add(acc[u][2], acc[u][3])) : P::add(acc[u][0], acc[u][1]);
+    std::int64_t d = 0;
+    for (; d + L <= hd; d += L) {
+        V x[L];
+        if (nb == L && r.f16) {  // the common case without a test per key
+            CLOVER_UNROLL for (int t = 0; t < L; ++t) x[t] = P::load_f16(k16 + t * r.stride + d);
+        } else {
+            CLOVER_UNROLL for (int t = 0; t < L; ++t)
+                x[t] = t >= nb ? P::zero() : r.f16 ? P::load_f16(k16 + t * r.stride + d) : P::load(k32 + t * r.stride + d);
+        }
+        P::transpose(x);
+        CLOVER_UNROLL for (int e = 0; e < L; ++e) P::store(kt + (d + e) * L, x[e]);
+    }
+    for (; d < hd; ++d)
+        for (int t = 0; t < L; ++t)
+            kt[d * L + t] = t >= nb ? 0.f : r.f16 ? quant::f16_to_f32(k16[t * r.stride + d]) : k32[t * r.stride + d];
 }
 
-// Scores of one block of nb ≤ lanes keys (rows k[0..nb), F32) for every head: p[g·n + j0 + t].
-template <class P, int NA>
-inline void block_scores(const float* q, std::int64_t G, const float* const* k, int nb, std::int64_t hd, float scale, float* p,
-                         std::int64_t n, std::int64_t j0) {
+// Scores of one key block for NP query vectors: dst[i][t] = dot_serial(q[i], k_t) · scale for
+// t < cnt[i] (its FMAs in dot_serial's order: one chain per lane).
+template <class P, int NP>
+CLOVER_NOINLINE void block_scores(const float* const* q, const float* kt, std::int64_t hd, float scale, float* const* dst, const int* cnt) {
     using V = typename P::f32v;
-    constexpr int L = P::lanes, KU = L >= 16 ? 4 : 2;
-    V lanes_of[L];
-    alignas(64) float sums[L];
-    for (std::int64_t g = 0; g < G; ++g) {
-        const float* qg = q + g * hd;
-        int t = 0;
-        for (; t + KU <= nb; t += KU) dot_lanes<P, NA, KU>(qg, k + t, hd, lanes_of + t);
-        for (; t < nb; ++t) dot_lanes<P, NA, 1>(qg, k + t, hd, lanes_of + t);
-        float* dst = p + g * n + j0;
-        if (nb == L) {
-            P::reduce_each(lanes_of, sums);
-            for (int u = 0; u < L; ++u) dst[u] = sums[u] * scale;
+    constexpr int L = P::lanes;
+    V acc[NP];
+    CLOVER_UNROLL for (int i = 0; i < NP; ++i) acc[i] = P::zero();
+    for (std::int64_t d = 0; d < hd; ++d) {
+        const V kv = P::load(kt + d * L);
+        CLOVER_UNROLL for (int i = 0; i < NP; ++i) acc[i] = P::fma(P::set1(q[i][d]), kv, acc[i]);
+    }
+    const V sc = P::set1(scale);
+    CLOVER_UNROLL for (int i = 0; i < NP; ++i) {
+        if (cnt[i] == L) {
+            P::store(dst[i], P::mul(acc[i], sc));
         } else {
-            for (int u = 0; u < nb; ++u) dst[u] = P::reduce(lanes_of[u]) * scale;
+            alignas(64) float tmp[L];
+            P::store(tmp, P::mul(acc[i], sc));
+            std::memcpy(dst[i], tmp, std::size_t(cnt[i]) * 4);
+        }
+    }
+}
+
+// block_scores for any number of query vectors, 8 at a time (8 chains keep the FMA units busy;
+// 8 accumulators and a key vector fit every register file).
+template <class P>
+inline void block_scores_n(const float* const* q, int np, const float* kt, std::int64_t hd, float scale, float* const* dst, const int* cnt) {
+    for (int i = 0; i < np;) {
+        switch (std::min(np - i, 8)) {
+            case 8: block_scores<P, 8>(q + i, kt, hd, scale, dst + i, cnt + i); i += 8; break;
+            case 7: block_scores<P, 7>(q + i, kt, hd, scale, dst + i, cnt + i); i += 7; break;
+            case 6: block_scores<P, 6>(q + i, kt, hd, scale, dst + i, cnt + i); i += 6; break;
+            case 5: block_scores<P, 5>(q + i, kt, hd, scale, dst + i, cnt + i); i += 5; break;
+            case 4: block_scores<P, 4>(q + i, kt, hd, scale, dst + i, cnt + i); i += 4; break;
+            case 3: block_scores<P, 3>(q + i, kt, hd, scale, dst + i, cnt + i); i += 3; break;
+            case 2: block_scores<P, 2>(q + i, kt, hd, scale, dst + i, cnt + i); i += 2; break;
+            default: block_scores<P, 1>(q + i, kt, hd, scale, dst + i, cnt + i); i += 1; break;
         }
     }
 }
@@ -178,7 +231,52 @@ inline void values_heads(const float* p, std::int64_t n, const std::vector<kv_ru
     }
 }
 
+// The value sums of NP (row, head) pairs over keys [k0, k1) of runs (global key indices; p[i]
+// indexed by them), every element one FMA per key in key order — axpy's order — from 0, or
+// continuing from out[i] (cont). Each value vector is loaded and converted once for all NP
+// pairs instead of once per row, and the probabilities are broadcast straight into the FMAs.
+template <class P, int NP>
+CLOVER_NOINLINE void values_pairs(const float* const* p, const std::vector<kv_run>& runs, std::int64_t k0, std::int64_t k1,
+                                  std::int64_t hd, float* const* out, bool cont) {
+    using V = typename P::f32v;
+    constexpr int L = P::lanes;
+    for (std::int64_t d0 = 0; d0 < hd; d0 += L) {
+        V acc[NP];
+        CLOVER_UNROLL for (int i = 0; i < NP; ++i) acc[i] = cont ? P::load(out[i] + d0) : P::zero();
+        std::int64_t j0 = 0;
+        for (const kv_run& r : runs) {
+            const std::int64_t a = std::max<std::int64_t>(k0 - j0, 0), b = std::min<std::int64_t>(k1 - j0, r.n);
+            for (std::int64_t j = a; j < b; ++j) {
+                const V vv = r.f16 ? P::load_f16(static_cast<const quant::f16_bits*>(r.v) + j * r.stride + d0)
+                                   : P::load(static_cast<const float*>(r.v) + j * r.stride + d0);
+                CLOVER_UNROLL for (int i = 0; i < NP; ++i) acc[i] = P::fma(P::set1(p[i][j0 + j]), vv, acc[i]);
+            }
+            j0 += r.n;
+            if (j0 >= k1) break;
+        }
+        CLOVER_UNROLL for (int i = 0; i < NP; ++i) P::store(out[i] + d0, acc[i]);
+    }
+}
+
+template <class P>
+inline void values_pairs_n(const float* const* p, int np, const std::vector<kv_run>& runs, std::int64_t k0, std::int64_t k1,
+                           std::int64_t hd, float* const* out, bool cont) {
+    for (int i = 0; i < np;) {
+        switch (std::min(np - i, 8)) {
+            case 8: values_pairs<P, 8>(p + i, runs, k0, k1, hd, out + i, cont); i += 8; break;
+            case 7: values_pairs<P, 7>(p + i, runs, k0, k1, hd, out + i, cont); i += 7; break;
+            case 6: values_pairs<P, 6>(p + i, runs, k0, k1, hd, out + i, cont); i += 6; break;
+            case 5: values_pairs<P, 5>(p + i, runs, k0, k1, hd, out + i, cont); i += 5; break;
+            case 4: values_pairs<P, 4>(p + i, runs, k0, k1, hd, out + i, cont); i += 4; break;
+            case 3: values_pairs<P, 3>(p + i, runs, k0, k1, hd, out + i, cont); i += 3; break;
+            case 2: values_pairs<P, 2>(p + i, runs, k0, k1, hd, out + i, cont); i += 2; break;
+            default: values_pairs<P, 1>(p + i, runs, k0, k1, hd, out + i, cont); i += 1; break;
+        }
+    }
+}
+
 #undef CLOVER_UNROLL
+#undef CLOVER_NOINLINE
 
 }  // namespace attend_detail
 
@@ -196,24 +294,22 @@ inline void attend_group(const float* q, std::int64_t G, const std::vector<kv_ru
     std::int64_t n = 0;
     for (const kv_run& r : runs) n += r.n;
     p.resize(std::size_t(G * n + L * hd));
-    float* kbuf = p.data() + G * n;  // [L, hd] one block of keys as F32
-    const float* rows[L];
+    float* kt = p.data() + G * n;  // [hd, L] one block of keys, across lanes
+    const std::size_t ng = std::size_t(G);
+    std::vector<const float*> qs(ng);
+    std::vector<float*> dst(ng);
+    std::vector<int> cnt(ng);
+    for (std::int64_t g = 0; g < G; ++g) qs[std::size_t(g)] = q + g * hd;
     std::int64_t j0 = 0;
     for (const kv_run& r : runs) {
         for (std::int64_t j = 0; j < r.n; j += L) {
             const int nb = int(std::min<std::int64_t>(L, r.n - j));
-            if (r.f16) {
-                for (int t = 0; t < nb; ++t) {
-                    const auto* src = static_cast<const quant::f16_bits*>(r.k) + (j + t) * r.stride;
-                    float* dst = kbuf + t * hd;
-                    for (std::int64_t i = 0; i < hd; i += L) P::store(dst + i, P::load_f16(src + i));
-                    rows[t] = dst;
-                }
-                block_scores<P, 2>(q, G, rows, nb, hd, scale, p.data(), n, j0 + j);
-            } else {
-                for (int t = 0; t < nb; ++t) rows[t] = static_cast<const float*>(r.k) + (j + t) * r.stride;
-                block_scores<P, 4>(q, G, rows, nb, hd, scale, p.data(), n, j0 + j);
+            key_block<P>(r, j, nb, hd, kt);
+            for (std::int64_t g = 0; g < G; ++g) {
+                dst[std::size_t(g)] = p.data() + g * n + j0 + j;
+                cnt[std::size_t(g)] = nb;
             }
+            block_scores_n<P>(qs.data(), int(G), kt, hd, scale, dst.data(), cnt.data());
         }
         j0 += r.n;
     }
@@ -244,11 +340,10 @@ inline void first_keys(const std::vector<kv_run>& runs, std::int64_t n, std::vec
 // R query rows of one sequence, row i attending the first nk[i] keys of runs: out[i][G, hd]
 // from q[i][G, hd], each row bit-identical to attend_group (and so to attend_group_ref) over its
 // own keys — the same dot products, softmax and order of keys. What the rows share is each block
-// of keys: read (and converted from F16) once for all R rows instead of once per row. Why: a
-// prefill chunk's rows all read their sequence's whole cache, and per key the kernel slows as the
-// keys leave L2 (bench_kernels --attention: 8.5 → 11.4 ns per key from 2,048 to 8,192 keys at 2
-// heads of 64). Measured there, 4 rows: 1.36–1.53x at 2 heads of 64; 1.01x at 8 heads of 256,
-// where the dot products and the values (still read per row) dominate. p, cut: scratch.
+// of keys: read, converted from F16 and transposed once for all R·G query vectors instead of
+// once per row. Why: a prefill chunk's rows all read their sequence's whole cache, and per key
+// the kernel slows as the keys leave L2 (bench_kernels --attention: 8.5 → 11.4 ns per key from
+// 2,048 to 8,192 keys at 2 heads of 64, one row). p, cut: scratch.
 template <class P = native>
 inline void attend_rows(const float* const* q, const std::int64_t* nk, int R, std::int64_t G, const std::vector<kv_run>& runs,
                         std::int64_t hd, float scale, float* const* out, std::vector<float>& p, std::vector<kv_run>& cut) {
@@ -266,47 +361,48 @@ inline void attend_rows(const float* const* q, const std::int64_t* nk, int R, st
         for (const kv_run& r : runs) n += r.n;
         for (int i = 0; i < R; ++i) last = std::max(last, std::min(nk[i], n));
         p.resize(std::size_t(std::int64_t(R) * G * n + L * hd));
-        float* kbuf = p.data() + std::int64_t(R) * G * n;  // [L, hd] one block of keys as F32
-        const float* rows[L];
+        float* kt = p.data() + std::int64_t(R) * G * n;  // [hd, L] one block of keys, across lanes
+        const std::size_t np_max = std::size_t(R * G);
+        std::vector<const float*> qs(np_max);
+        std::vector<float*> dst(np_max);
+        std::vector<int> cnt(np_max);
         std::int64_t j0 = 0;
         for (const kv_run& r : runs) {
             for (std::int64_t j = 0; j < r.n && j0 + j < last; j += L) {
-                const int nb = int(std::min<std::int64_t>(L, r.n - j));
-                if (r.f16) {
-                    const int nc = int(std::min<std::int64_t>(nb, last - (j0 + j)));  // no row reads past `last`
-                    for (int t = 0; t < nc; ++t) {
-                        const auto* src = static_cast<const quant::f16_bits*>(r.k) + (j + t) * r.stride;
-                        float* dst = kbuf + t * hd;
-                        for (std::int64_t i = 0; i < hd; i += L) P::store(dst + i, P::load_f16(src + i));
-                        rows[t] = dst;
-                    }
-                } else {
-                    for (int t = 0; t < nb; ++t) rows[t] = static_cast<const float*>(r.k) + (j + t) * r.stride;
-                }
+                const int nc = int(std::min<std::int64_t>({L, r.n - j, last - (j0 + j)}));  // no row reads past `last`
+                key_block<P>(r, j, nc, hd, kt);
+                int np = 0;
                 for (int i = 0; i < R; ++i) {
-                    const int nbi = int(std::min<std::int64_t>(nb, nk[i] - (j0 + j)));
+                    const int nbi = int(std::min<std::int64_t>(nc, nk[i] - (j0 + j)));
                     if (nbi <= 0) continue;
-                    if (r.f16)
-                        block_scores<P, 2>(q[i], G, rows, nbi, hd, scale, p.data() + std::int64_t(i) * G * n, n, j0 + j);
-                    else
-                        block_scores<P, 4>(q[i], G, rows, nbi, hd, scale, p.data() + std::int64_t(i) * G * n, n, j0 + j);
+                    for (std::int64_t g = 0; g < G; ++g, ++np) {
+                        qs[std::size_t(np)] = q[i] + g * hd;
+                        dst[std::size_t(np)] = p.data() + (std::int64_t(i) * G + g) * n + j0 + j;
+                        cnt[std::size_t(np)] = nbi;
+                    }
                 }
+                block_scores_n<P>(qs.data(), np, kt, hd, scale, dst.data(), cnt.data());
             }
             j0 += r.n;
         }
+        // Softmax per (row, head); then the values: the keys every row reads for all R·G pairs at
+        // once, then each longer row's own last keys, continuing its sums in key order.
+        std::int64_t kmin = n;
         for (int i = 0; i < R; ++i) {
             const std::int64_t ni = std::min(nk[i], n);
+            kmin = std::min(kmin, ni);
             for (std::int64_t g = 0; g < G; ++g) softmax_rows(p.data() + (std::int64_t(i) * G + g) * n, ni);
-            first_keys(runs, ni, cut);
-            for (std::int64_t g = 0; g < G;) {
-                const float* pg = p.data() + (std::int64_t(i) * G + g) * n;
-                float* og = out[i] + g * hd;
-                const std::int64_t left = G - g;
-                if (left >= 8) { values_heads<P, 8>(pg, n, cut, og, hd); g += 8; }
-                else if (left >= 4) { values_heads<P, 4>(pg, n, cut, og, hd); g += 4; }
-                else if (left >= 2) { values_heads<P, 2>(pg, n, cut, og, hd); g += 2; }
-                else { values_heads<P, 1>(pg, n, cut, og, hd); g += 1; }
+        }
+        std::vector<float*> outs(np_max);
+        for (int i = 0; i < R; ++i)
+            for (std::int64_t g = 0; g < G; ++g) {
+                qs[std::size_t(i * G + g)] = p.data() + (std::int64_t(i) * G + g) * n;
+                outs[std::size_t(i * G + g)] = out[i] + g * hd;
             }
+        values_pairs_n<P>(qs.data(), int(np_max), runs, 0, kmin, hd, outs.data(), false);
+        for (int i = 0; i < R; ++i) {
+            const std::int64_t ni = std::min(nk[i], n);
+            if (ni > kmin) values_pairs_n<P>(qs.data() + i * G, int(G), runs, kmin, ni, hd, outs.data() + i * G, true);
         }
     }
 }

@@ -73,14 +73,16 @@ inline void attn_prepare(thread_pool& pool, const batch& bt, state_pool& st, std
 inline void attention(thread_pool& pool, const batch& bt, const state_pool& st, std::int64_t layer,
                       const attention_shape& a, const float* q, const float* gate, const float* k, const float* v,
                       float* out) {
-    // 4 rows per task: bench_kernels --attention, 4 causal rows together vs one at a time (2-core
-    // EPYC, AVX-512): 1.36–1.53x at the bundled model's 2 heads of 64, 1.01x at Clover-35B-A3B's 8
-    // heads of 256 (values still read per row); the bundled conversation's cached turn 3 went
-    // 110.6 → 86.4 ms. Decode rows of different sequences stay one task each.
-    constexpr std::int64_t rows_per_task = 4;
+    // 8 rows per task: the rows of a task share each key block's conversion and transpose
+    // (attend_rows). bench_kernels --attention, 2-core EPYC (Zen 5), AVX-512, 2 heads of 64 at 2,048
+    // keys: 4 rows together 1.36–1.53x one at a time with the lane-parallel scores, ~1.6–1.9x with
+    // keys across lanes; 8 rows another ~1.06x per row over 4. Decode rows of different sequences
+    // stay one task each.
+    constexpr std::int64_t rows_per_task = 8;
     const std::int64_t H = a.n_head, Hkv = a.n_head_kv, hd = a.head_dim, kvw = Hkv * hd, group = H / Hkv;
     const auto segs = bt.segments();
     const bool f16 = st.kv_f16();
+    const std::size_t eb = f16 ? 2 : 4;
     struct row_block {
         std::size_t seg;
         std::int64_t r0, n;
@@ -89,6 +91,18 @@ inline void attention(thread_pool& pool, const batch& bt, const state_pool& st, 
     for (std::size_t si = 0; si < segs.size(); ++si)
         for (std::int64_t r = segs[si].row0; r < segs[si].row0 + segs[si].n; r += rows_per_task)
             blocks.push_back({si, r, std::min(rows_per_task, segs[si].row0 + segs[si].n - r)});
+    // Each segment's cached keys as runs of KV head 0 (one per page), looked up once here: the
+    // pool's lookup takes its lock, and the tasks would repeat it per page and KV head.
+    std::vector<std::vector<kv_run>> seg_runs(segs.size());
+    for (std::size_t si = 0; si < segs.size(); ++si) {
+        const segment& s = segs[si];
+        const std::int64_t most = s.kind == pass_kind::preview ? s.pos0 : s.pos0 + s.n;  // keys of its last row
+        for (std::int64_t p0 = 0; p0 < most;) {
+            const std::int64_t len = std::min(st.run_from(p0), most - p0);
+            seg_runs[si].push_back({st.kv(layer, s.seq, p0, 0), st.kv(layer, s.seq, p0, 1), kvw, len, f16});
+            p0 += len;
+        }
+    }
     pool.parallel_for(std::int64_t(blocks.size()) * Hkv, 1, [&](std::int64_t b, std::int64_t e) {
         std::vector<float> p;
         std::vector<kv_run> runs, cut;
@@ -103,13 +117,13 @@ inline void attention(thread_pool& pool, const batch& bt, const state_pool& st, 
             // Keys of the block's last row: the most any of its rows reads.
             const std::int64_t cached = preview ? s.pos0 : s.pos0 + (blk.r0 + blk.n - 1 - s.row0) + 1;
             runs.clear();
-            const std::size_t eb = f16 ? 2 : 4;
-            for (std::int64_t p0 = 0; p0 < cached;) {
-                const std::int64_t len = std::min(st.run_from(p0), cached - p0);
-                const auto* kb = static_cast<const std::byte*>(st.kv(layer, s.seq, p0, 0)) + std::size_t(kvh * hd) * eb;
-                const auto* vb = static_cast<const std::byte*>(st.kv(layer, s.seq, p0, 1)) + std::size_t(kvh * hd) * eb;
-                runs.push_back({kb, vb, kvw, len, f16});
-                p0 += len;
+            const std::size_t off = std::size_t(kvh * hd) * eb;
+            std::int64_t left = cached;
+            for (const kv_run& r : seg_runs[blk.seg]) {
+                if (left <= 0) break;
+                runs.push_back({static_cast<const std::byte*>(r.k) + off, static_cast<const std::byte*>(r.v) + off, kvw,
+                                std::min(r.n, left), f16});
+                left -= r.n;
             }
             if (preview) runs.push_back({k + s.row0 * kvw + kvh * hd, v + s.row0 * kvw + kvh * hd, kvw, s.n, false});
             for (std::int64_t i = 0; i < blk.n; ++i) {

@@ -45,7 +45,7 @@ struct scalar {
     static f32v mul(f32v a, f32v b) { return a * b; }
     static f32v fma(f32v a, f32v b, f32v c) { return a * b + c; }  // a·b + c
     static float reduce(f32v v) { return v; }
-    static void reduce_each(const f32v* v, float* out) { out[0] = v[0]; }
+    static void transpose(f32v*) {}
     static f32v load_f16(const quant::f16_bits* p) { return quant::f16_to_f32(*p); }
     static f32v load_bf16(const quant::bf16_bits* p) { return quant::bf16_to_f32(*p); }
 };
@@ -68,20 +68,23 @@ struct avx2 {
         s = _mm_add_ss(s, _mm_movehdup_ps(s));
         return _mm_cvtss_f32(s);
     }
-    // out[k] = reduce(v[k]) for 8 vectors, bit for bit (the same pairs: j + j+4, j + j+2, 0 + 1).
-    static void reduce_each(const f32v* v, float* out) {
-        __m256 u[4], z[2];
-        for (int k = 0; k < 4; ++k)  // [S(v2k) | S(v2k+1)]
-            u[k] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x20),
-                                 _mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x31));
-        for (int m = 0; m < 2; ++m) {  // lane b holds vectors 4m + b, 4m + 2 + b
-            const __m256d a = _mm256_castps_pd(u[2 * m]), b = _mm256_castps_pd(u[2 * m + 1]);
-            z[m] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+    // In place: r[d] lane t = r[t] lane d before (an 8 × 8 block; attend.hpp's keys across lanes).
+    static void transpose(f32v* r) {
+        __m256 t[8], u[8];
+        for (int i = 0; i < 4; ++i) {
+            t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
         }
-        // lane 4b + i holds vector 2i + b
-        const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                       _mm256_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
-        _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        for (int i = 0; i < 2; ++i) {
+            u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+            u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+            u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+            u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+        }
+        for (int k = 0; k < 4; ++k) {
+            r[k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
+            r[4 + k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
+        }
     }
     static f32v load_f16(const quant::f16_bits* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
     static f32v load_bf16(const quant::bf16_bits* p) {
@@ -104,33 +107,35 @@ struct avx512 {
     static f32v mul(f32v a, f32v b) { return _mm512_mul_ps(a, b); }
     static f32v fma(f32v a, f32v b, f32v c) { return _mm512_fmadd_ps(a, b, c); }
     // Written out (the tree of GCC's _mm512_reduce_add_ps: lanes j + j+8, then j + j+4, then
-    // j + j+2, then 0 + 1) so that reduce_each below, which sums in the same pairs, gives the
-    // same bits whatever compiler defines the intrinsic.
+    // j + j+2, then 0 + 1) so that it gives the same bits whatever compiler defines the intrinsic.
     static float reduce(f32v v) {
         const __m256 h = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
         const __m128 q = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
         const __m128 r = _mm_add_ps(q, _mm_shuffle_ps(q, q, _MM_SHUFFLE(1, 0, 3, 2)));
         return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
     }
-    // out[k] = reduce(v[k]) for 16 vectors, bit for bit, in ~2.8 shuffles and adds per vector
-    // instead of ~7: the sums are paired as in reduce(), only four vectors share each step.
-    static void reduce_each(const f32v* v, float* out) {
-        __m512 u[8], w[4], z[2];
-        for (int k = 0; k < 8; ++k)  // lanes j + j+8: [v2k.lo8 | v2k+1.lo8]
-            u[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)),
-                                 _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)));
-        for (int m = 0; m < 4; ++m)  // j + j+4: 128-bit block b holds vector 4m + b
-            w[m] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * m], u[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)),
-                                 _mm512_shuffle_f32x4(u[2 * m], u[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)));
-        for (int m = 0; m < 2; ++m) {  // j + j+2: block b holds vectors 8m + b, 8m + 4 + b
-            const __m512d a = _mm512_castps_pd(w[2 * m]), b = _mm512_castps_pd(w[2 * m + 1]);
-            z[m] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpackhi_pd(a, b)), _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)));
+    // In place: r[d] lane t = r[t] lane d before (a 16 × 16 block; attend.hpp's keys across
+    // lanes): 64 shuffles — pairs within 128-bit blocks, then quads, then blocks across vectors.
+    static void transpose(f32v* r) {
+        __m512 t[16], u[16];
+        for (int i = 0; i < 8; ++i) {
+            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
         }
-        // 0 + 1: lane 4b + i holds vector 4i + b
-        const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                       _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
-        const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-        _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, r));
+        for (int i = 0; i < 4; ++i) {  // block m of u[4i + k]: rows 4i .. 4i+3 of column 4m + k
+            u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+            u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+            u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+            u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+        }
+        for (int k = 0; k < 4; ++k) {
+            const __m512 x0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88), x1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xDD);
+            const __m512 y0 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88), y1 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xDD);
+            r[k] = _mm512_shuffle_f32x4(x0, y0, 0x88);
+            r[8 + k] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
+            r[4 + k] = _mm512_shuffle_f32x4(x1, y1, 0x88);
+            r[12 + k] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
+        }
     }
     static f32v load_f16(const quant::f16_bits* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
     static f32v load_bf16(const quant::bf16_bits* p) {
