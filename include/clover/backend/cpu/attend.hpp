@@ -290,7 +290,7 @@ inline void values_pairs_n(const float* const* p, int np, const std::vector<kv_r
 }  // namespace attend_detail
 
 // out[G, hd] from q[G, hd]; bit-identical to attend_group_ref. p: scratch (scores, then
-// probabilities, then one block of converted keys).
+// probabilities, then up to 4 blocks of converted, transposed keys).
 template <class P = native>
 inline void attend_group(const float* q, std::int64_t G, const std::vector<kv_run>& runs, std::int64_t hd, float scale, float* out,
                          std::vector<float>& p) {
