@@ -16,6 +16,9 @@
 
 #include <clover/clover.hpp>
 
+// A namespace of its own: tests_cuda compiles the test files in unity units (unity_*.cu).
+namespace cuda_test_fused_epilogue {
+
 using namespace clover;
 namespace cd = clover::backend::cuda_detail;
 using cudatest::dvec;
@@ -260,3 +263,5 @@ CUDA_TEST_CASE("backend::cuda: add_rms_norm deferred into matmul (four activatio
     CHECK(cudaMemcpy(uh.data(), u.data, uh.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(bytes_of(uh) == bytes_of(pu.host()));
 }
+
+}  // namespace cuda_test_fused_epilogue

@@ -11,6 +11,9 @@
 
 #include <clover/clover.hpp>
 
+// A namespace of its own: tests_cuda compiles the test files in unity units (unity_*.cu).
+namespace cuda_test_graphs {
+
 using namespace clover;
 
 namespace {
@@ -92,3 +95,5 @@ CUDA_TEST_CASE("graphs: captured passes give the logits of eager ones bit for bi
         }
     }
 }
+
+}  // namespace cuda_test_graphs

@@ -11,6 +11,9 @@
 #include <clover/backend/cpu/gdn_kernels.hpp>
 #include <clover/backend/cpu/rope.hpp>
 
+// A namespace of its own: tests_cuda compiles the test files in unity units (unity_*.cu).
+namespace cuda_test_kernels {
+
 using namespace clover;
 namespace cd = clover::backend::cuda_detail;
 using cudatest::dvec;
@@ -548,3 +551,5 @@ TEST_CASE("routing kernel helpers: coreset ranks select select_coreset's experts
         }
     }
 }
+
+}  // namespace cuda_test_kernels

@@ -10,6 +10,9 @@
 
 #include <clover/clover.hpp>
 
+// A namespace of its own: tests_cuda compiles the test files in unity units (unity_*.cu).
+namespace cuda_test_launch {
+
 using namespace clover;
 namespace cd = clover::backend::cuda_detail;
 namespace cpud = clover::backend::cpu_detail;
@@ -156,3 +159,5 @@ CUDA_TEST_CASE("a backend on the last device, called from a new thread, computes
     CHECK(where == last);
     CHECK(after == 0);
 }
+
+}  // namespace cuda_test_launch

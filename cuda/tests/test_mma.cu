@@ -13,6 +13,9 @@
 
 #include <clover/clover.hpp>
 
+// A namespace of its own: tests_cuda compiles the test files in unity units (unity_*.cu).
+namespace cuda_test_mma {
+
 using namespace clover;
 namespace cd = clover::backend::cuda_detail;
 using cudatest::dvec;
@@ -139,3 +142,5 @@ CUDA_TEST_CASE("expert-grouped products on the tensor cores are row-exact: each 
         }
     }
 }
+
+}  // namespace cuda_test_mma

@@ -10,6 +10,9 @@
 
 #include <clover/clover.hpp>
 
+// A namespace of its own: tests_cuda compiles the test files in unity units (unity_*.cu).
+namespace cuda_test_model {
+
 using namespace clover;
 using cudatest::rel;
 
@@ -146,3 +149,5 @@ CUDA_TEST_CASE("synthesized full-width model (4 layers, 32 experts, Q8_0): CUDA 
                 std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count());
     CHECK(rel(lg, lc) < 2e-3f);
 }
+
+}  // namespace cuda_test_model

@@ -8,6 +8,9 @@
 
 #include <clover/clover.hpp>
 
+// A namespace of its own: tests_cuda compiles the test files in unity units (unity_*.cu).
+namespace cuda_test_pass {
+
 using namespace clover;
 using namespace clover::backend;
 using gpu = clover::backend::cuda;
@@ -310,3 +313,5 @@ CUDA_TEST_CASE("attention primitive over more than one split of keys (prefill an
     bad[0].n_head = 7;  // 7 query heads do not group over 2 KV heads
     CHECK_THROWS_AS((void)gb.make_state(bad, {}), clover::error);
 }
+
+}  // namespace cuda_test_pass

@@ -16,6 +16,9 @@
 #include "../../tests/common/test_util.hpp"
 #include "quant_test_rows.hpp"
 
+// A namespace of its own: tests_cuda compiles the test files in unity units (unity_*.cu).
+namespace cuda_test_quant_dot {
+
 using namespace clover;
 namespace cd = clover::backend::cuda_detail;
 
@@ -102,3 +105,5 @@ TEST_CASE("launch_mm refuses rows its word loads cannot read, before any launch"
     a.x_row_bytes = 34 * 8;
     CHECK_THROWS_WITH_AS(cd::launch_mm(dtype::q8_0, a, 1, nullptr), doctest::Contains("aligned to 2 bytes"), error);
 }
+
+}  // namespace cuda_test_quant_dot

@@ -13,6 +13,9 @@
 
 #include <clover/clover.hpp>
 
+// A namespace of its own: tests_cuda compiles the test files in unity units (unity_*.cu).
+namespace cuda_test_split_attention {
+
 using namespace clover;
 using namespace clover::backend;
 using gpu = clover::backend::cuda;
@@ -341,3 +344,5 @@ CUDA_TEST_CASE("split attention is row-exact: a row inside a 9-row batch equals 
         CHECK(out3 == std::vector<float>(out9.begin() + 6 * w, out9.end()));
     }
 }
+
+}  // namespace cuda_test_split_attention

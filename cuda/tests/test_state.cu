@@ -11,6 +11,9 @@
 #include <clover/backend/cpu/state.hpp>
 #include <clover/backend/cuda/state.cuh>
 
+// A namespace of its own: tests_cuda compiles the test files in unity units (unity_*.cu).
+namespace cuda_test_state {
+
 using namespace clover;
 using namespace clover::backend;
 namespace cd = clover::backend::cuda_detail;
@@ -152,3 +155,5 @@ CUDA_TEST_CASE("the state pool on the device equals the host pool through every 
         CHECK(dp.pages_used() == 0);
     }
 }
+
+}  // namespace cuda_test_state
