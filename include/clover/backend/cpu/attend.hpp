@@ -105,8 +105,10 @@ namespace attend_detail {
 // compiled on its own they stay in registers.
 #if defined(__GNUC__) || defined(__clang__)
 #define CLOVER_NOINLINE __attribute__((noinline)) inline
+#define CLOVER_ALWAYS_INLINE __attribute__((always_inline))
 #else
 #define CLOVER_NOINLINE inline
+#define CLOVER_ALWAYS_INLINE
 #endif
 
 // Keys [j, j + nb) of run r, nb ≤ L, as F32 with keys across lanes: kt[d·L + t] = k_{j+t}[d];
@@ -180,7 +182,7 @@ CLOVER_NOINLINE void block_scores(const float* const* q, const float* kt, std::i
         }
 }
 
-// block_scores for np query vectors, up to 8 / KB at a time.
+// block_scores for np query vectors, up to NP (8 / KB unless given) at a time.
 template <class P, int KB, int NP = (8 / KB > 0 ? 8 / KB : 1)>
 inline void block_scores_n(const float* const* q, int np, const float* kt, std::int64_t hd, float scale, float* const* dst,
                            const int* cnt, int ldd = 0) {
@@ -241,51 +243,90 @@ inline void values_heads(const float* p, std::int64_t n, const std::vector<kv_ru
 }
 
 // The value sums of NP (row, head) pairs over keys [k0, k1) of runs (global key indices; p[i]
-// indexed by them), every element one FMA per key in key order — axpy's order — from 0, or
-// continuing from out[i] (cont). Each value vector is loaded and converted once for all NP
-// pairs instead of once per row, and the probabilities are broadcast straight into the FMAs.
+// indexed by them), for the W·L dimensions from d0: every element one FMA per key in key order —
+// axpy's order — from 0, or continuing from out[i] (cont). Each value vector is loaded and
+// converted once for all NP pairs instead of once per row, and each probability is broadcast
+// once for W vectors.
+template <class P, int NP, int W>
+CLOVER_ALWAYS_INLINE inline void values_pairs_tile(const float* const* p, const std::vector<kv_run>& runs, std::int64_t k0,
+                                                   std::int64_t k1, std::int64_t d0, float* const* out, bool cont) {
+    using V = typename P::f32v;
+    constexpr int L = P::lanes;
+    V acc[NP][W];
+    CLOVER_UNROLL for (int i = 0; i < NP; ++i)
+        CLOVER_UNROLL for (int w = 0; w < W; ++w) acc[i][w] = cont ? P::load(out[i] + d0 + w * L) : P::zero();
+    std::int64_t j0 = 0;
+    for (const kv_run& r : runs) {
+        const std::int64_t a = std::max<std::int64_t>(k0 - j0, 0), b = std::min<std::int64_t>(k1 - j0, r.n);
+        for (std::int64_t j = a; j < b; ++j) {
+            V vv[W];
+            if (r.f16) {
+                const auto* vj = static_cast<const quant::f16_bits*>(r.v) + j * r.stride + d0;
+                CLOVER_UNROLL for (int w = 0; w < W; ++w) vv[w] = P::load_f16(vj + w * L);
+            } else {
+                const float* vj = static_cast<const float*>(r.v) + j * r.stride + d0;
+                CLOVER_UNROLL for (int w = 0; w < W; ++w) vv[w] = P::load(vj + w * L);
+            }
+            CLOVER_UNROLL for (int i = 0; i < NP; ++i) {
+                const V pv = P::set1(p[i][j0 + j]);
+                CLOVER_UNROLL for (int w = 0; w < W; ++w) acc[i][w] = P::fma(pv, vv[w], acc[i][w]);
+            }
+        }
+        j0 += r.n;
+        if (j0 >= k1) break;
+    }
+    CLOVER_UNROLL for (int i = 0; i < NP; ++i)
+        CLOVER_UNROLL for (int w = 0; w < W; ++w) P::store(out[i] + d0 + w * L, acc[i][w]);
+}
+
+// values_pairs_tile over the whole head dimension, W vectors at a time where the accumulators
+// (NP·W), the value vectors (W) and a broadcast fit the register file. Why W > 1: with one vector
+// per pass every FMA came with a broadcast load of its probability, and the loads (9 per 8 FMAs)
+// bounded the loop; at W = 4 a broadcast serves 4 FMAs.
 template <class P, int NP>
 CLOVER_NOINLINE void values_pairs(const float* const* p, const std::vector<kv_run>& runs, std::int64_t k0, std::int64_t k1,
                                   std::int64_t hd, float* const* out, bool cont) {
-    using V = typename P::f32v;
-    constexpr int L = P::lanes;
-    for (std::int64_t d0 = 0; d0 < hd; d0 += L) {
-        V acc[NP];
-        CLOVER_UNROLL for (int i = 0; i < NP; ++i) acc[i] = cont ? P::load(out[i] + d0) : P::zero();
-        std::int64_t j0 = 0;
-        for (const kv_run& r : runs) {
-            const std::int64_t a = std::max<std::int64_t>(k0 - j0, 0), b = std::min<std::int64_t>(k1 - j0, r.n);
-            for (std::int64_t j = a; j < b; ++j) {
-                const V vv = r.f16 ? P::load_f16(static_cast<const quant::f16_bits*>(r.v) + j * r.stride + d0)
-                                   : P::load(static_cast<const float*>(r.v) + j * r.stride + d0);
-                CLOVER_UNROLL for (int i = 0; i < NP; ++i) acc[i] = P::fma(P::set1(p[i][j0 + j]), vv, acc[i]);
-            }
-            j0 += r.n;
-            if (j0 >= k1) break;
+    constexpr int L = P::lanes, regs = L >= 16 ? 32 : 16;
+    constexpr int W = NP * 4 + 4 + 1 <= regs ? 4 : NP * 2 + 2 + 1 <= regs ? 2 : 1;
+    std::int64_t d0 = 0;
+    for (; d0 + W * L <= hd; d0 += W * L) values_pairs_tile<P, NP, W>(p, runs, k0, k1, d0, out, cont);
+    for (; d0 < hd; d0 += L) values_pairs_tile<P, NP, 1>(p, runs, k0, k1, d0, out, cont);
+}
+
+// values_pairs for np pairs, up to NP at a time (the rest by the next smaller NP).
+template <class P, int NP = 8>
+inline void values_pairs_n(const float* const* p, int np, const std::vector<kv_run>& runs, std::int64_t k0, std::int64_t k1,
+                           std::int64_t hd, float* const* out, bool cont) {
+    for (int i = 0; i < np; i += NP) {
+        const int c = std::min(np - i, NP);
+        if (c == NP) {
+            values_pairs<P, NP>(p + i, runs, k0, k1, hd, out + i, cont);
+        } else if constexpr (NP > 1) {
+            values_pairs_n<P, NP - 1>(p + i, c, runs, k0, k1, hd, out + i, cont);
         }
-        CLOVER_UNROLL for (int i = 0; i < NP; ++i) P::store(out[i] + d0, acc[i]);
     }
 }
 
-template <class P>
-inline void values_pairs_n(const float* const* p, int np, const std::vector<kv_run>& runs, std::int64_t k0, std::int64_t k1,
-                           std::int64_t hd, float* const* out, bool cont) {
-    for (int i = 0; i < np;) {
-        switch (std::min(np - i, 8)) {
-            case 8: values_pairs<P, 8>(p + i, runs, k0, k1, hd, out + i, cont); i += 8; break;
-            case 7: values_pairs<P, 7>(p + i, runs, k0, k1, hd, out + i, cont); i += 7; break;
-            case 6: values_pairs<P, 6>(p + i, runs, k0, k1, hd, out + i, cont); i += 6; break;
-            case 5: values_pairs<P, 5>(p + i, runs, k0, k1, hd, out + i, cont); i += 5; break;
-            case 4: values_pairs<P, 4>(p + i, runs, k0, k1, hd, out + i, cont); i += 4; break;
-            case 3: values_pairs<P, 3>(p + i, runs, k0, k1, hd, out + i, cont); i += 3; break;
-            case 2: values_pairs<P, 2>(p + i, runs, k0, k1, hd, out + i, cont); i += 2; break;
-            default: values_pairs<P, 1>(p + i, runs, k0, k1, hd, out + i, cont); i += 1; break;
-        }
-    }
-}
+// N elements on the stack, more on the heap: attend_group's per-call pointer tables (a decode
+// row has G·KB ≤ 32 of them) without an allocation per call.
+template <class T, std::size_t N>
+class small_buffer {
+public:
+    explicit small_buffer(std::size_t n) : data_(n <= N ? local_ : (heap_.resize(n), heap_.data())) {}
+    small_buffer(const small_buffer&) = delete;
+    small_buffer& operator=(const small_buffer&) = delete;
+    T* data() { return data_; }
+    T& operator[](std::size_t i) { return data_[i]; }
+
+private:
+    T local_[N];
+    std::vector<T> heap_;
+    T* data_;
+};
 
 #undef CLOVER_UNROLL
 #undef CLOVER_NOINLINE
+#undef CLOVER_ALWAYS_INLINE
 
 }  // namespace attend_detail
 
@@ -307,9 +348,9 @@ inline void attend_group(const float* q, std::int64_t G, const std::vector<kv_ru
     p.resize(std::size_t(G * n + KB * L * hd));
     float* kt = p.data() + G * n;  // KB blocks of [hd, L]: keys across lanes
     const std::size_t ng = std::size_t(G);
-    std::vector<const float*> qs(ng);
-    std::vector<float*> dst(ng * std::size_t(KB));
-    std::vector<int> cnt(ng * std::size_t(KB));
+    small_buffer<const float*, 16> qs(ng);
+    small_buffer<float*, 32> dst(ng * std::size_t(KB));
+    small_buffer<int, 32> cnt(ng * std::size_t(KB));
     for (std::int64_t g = 0; g < G; ++g) qs[std::size_t(g)] = q + g * hd;
     int nbk = 0;  // blocks waiting in kt
     auto flush = [&] {
@@ -384,31 +425,48 @@ inline void attend_rows(const float* const* q, const std::int64_t* nk, int R, st
         std::int64_t n = 0, last = 0;
         for (const kv_run& r : runs) n += r.n;
         for (int i = 0; i < R; ++i) last = std::max(last, std::min(nk[i], n));
-        p.resize(std::size_t(std::int64_t(R) * G * n + L * hd));
-        float* kt = p.data() + std::int64_t(R) * G * n;  // [hd, L] one block of keys, across lanes
+        // Two blocks of keys per block_scores call: per dimension 2 key vectors and NP broadcasts
+        // feed 2·NP FMAs (one block: 1 + NP loads for NP FMAs, which bounded the loop on loads).
+        constexpr int KB = 2, NP = L >= 16 ? 8 : 4;  // 2·NP accumulators + 2 keys + a broadcast fit
+        p.resize(std::size_t(std::int64_t(R) * G * n + KB * L * hd));
+        float* kt = p.data() + std::int64_t(R) * G * n;  // KB blocks of [hd, L]: keys across lanes
         const std::size_t np_max = std::size_t(R * G);
-        std::vector<const float*> qs(np_max);
-        std::vector<float*> dst(np_max);
-        std::vector<int> cnt(np_max);
+        std::vector<const float*> qs(np_max);  // the query vectors of the pairs that read the blocks
+        std::vector<float*> dst(KB * np_max);  // [KB, np_max]
+        std::vector<int> cnt(KB * np_max);     // [KB, np_max] keys of the block each pair reads (0: none)
+        std::int64_t start[KB] = {}, nbk = 0;  // the blocks waiting in kt: first key, count
+        int ncs[KB] = {};
+        auto flush = [&] {
+            if (nbk == 0) return;
+            int np = 0;
+            for (int i = 0; i < R; ++i) {
+                if (nk[i] <= start[0]) continue;  // reads none of these keys (causal rows)
+                for (std::int64_t g = 0; g < G; ++g, ++np) {
+                    float* row = p.data() + (std::int64_t(i) * G + g) * n;
+                    qs[std::size_t(np)] = q[i] + g * hd;
+                    for (std::int64_t b = 0; b < nbk; ++b) {
+                        const int c = int(std::clamp<std::int64_t>(nk[i] - start[b], 0, ncs[b]));
+                        dst[std::size_t(b) * np_max + std::size_t(np)] = row + (c > 0 ? start[b] : 0);
+                        cnt[std::size_t(b) * np_max + std::size_t(np)] = c;
+                    }
+                }
+            }
+            if (nbk == KB) block_scores_n<P, KB, NP>(qs.data(), np, kt, hd, scale, dst.data(), cnt.data(), int(np_max));
+            else block_scores_n<P, 1, NP>(qs.data(), np, kt, hd, scale, dst.data(), cnt.data(), int(np_max));
+            nbk = 0;
+        };
         std::int64_t j0 = 0;
         for (const kv_run& r : runs) {
             for (std::int64_t j = 0; j < r.n && j0 + j < last; j += L) {
                 const int nc = int(std::min<std::int64_t>({L, r.n - j, last - (j0 + j)}));  // no row reads past `last`
-                key_block<P>(r, j, nc, hd, kt);
-                int np = 0;
-                for (int i = 0; i < R; ++i) {
-                    const int nbi = int(std::min<std::int64_t>(nc, nk[i] - (j0 + j)));
-                    if (nbi <= 0) continue;
-                    for (std::int64_t g = 0; g < G; ++g, ++np) {
-                        qs[std::size_t(np)] = q[i] + g * hd;
-                        dst[std::size_t(np)] = p.data() + (std::int64_t(i) * G + g) * n + j0 + j;
-                        cnt[std::size_t(np)] = nbi;
-                    }
-                }
-                block_scores_n<P, 1>(qs.data(), np, kt, hd, scale, dst.data(), cnt.data());
+                key_block<P>(r, j, nc, hd, kt + nbk * hd * L);
+                start[nbk] = j0 + j;
+                ncs[nbk] = nc;
+                if (++nbk == KB) flush();
             }
             j0 += r.n;
         }
+        flush();
         // Softmax per (row, head); then the values: the keys every row reads for all R·G pairs at
         // once, then each longer row's own last keys, continuing its sums in key order.
         std::int64_t kmin = n;
@@ -417,16 +475,17 @@ inline void attend_rows(const float* const* q, const std::int64_t* nk, int R, st
             kmin = std::min(kmin, ni);
             for (std::int64_t g = 0; g < G; ++g) softmax_rows(p.data() + (std::int64_t(i) * G + g) * n, ni);
         }
+        std::vector<const float*> probs(np_max);  // [R·G] probability rows
         std::vector<float*> outs(np_max);
         for (int i = 0; i < R; ++i)
             for (std::int64_t g = 0; g < G; ++g) {
-                qs[std::size_t(i * G + g)] = p.data() + (std::int64_t(i) * G + g) * n;
+                probs[std::size_t(i * G + g)] = p.data() + (std::int64_t(i) * G + g) * n;
                 outs[std::size_t(i * G + g)] = out[i] + g * hd;
             }
-        values_pairs_n<P>(qs.data(), int(np_max), runs, 0, kmin, hd, outs.data(), false);
+        values_pairs_n<P>(probs.data(), int(np_max), runs, 0, kmin, hd, outs.data(), false);
         for (int i = 0; i < R; ++i) {
             const std::int64_t ni = std::min(nk[i], n);
-            if (ni > kmin) values_pairs_n<P>(qs.data() + i * G, int(G), runs, kmin, ni, hd, outs.data() + i * G, true);
+            if (ni > kmin) values_pairs_n<P>(probs.data() + i * G, int(G), runs, kmin, ni, hd, outs.data() + i * G, true);
         }
     }
 }
