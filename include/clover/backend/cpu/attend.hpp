@@ -293,8 +293,10 @@ CLOVER_NOINLINE void values_pairs(const float* const* p, const std::vector<kv_ru
     for (; d0 < hd; d0 += L) values_pairs_tile<P, NP, 1>(p, runs, k0, k1, d0, out, cont);
 }
 
-// values_pairs for np pairs, up to NP at a time (the rest by the next smaller NP).
-template <class P, int NP = 8>
+// values_pairs for np pairs, up to NP at a time (the rest by the next smaller NP). Six, not 8:
+// with AVX-512 six pairs still sum 4 vectors per pass, 8 only 2 (4 would need 37 registers);
+// 6 + 2 pairs ran 1.03-1.18x 8 at once (bench_kernels --attention, 4 rows, medians of 4 runs).
+template <class P, int NP = 6>
 inline void values_pairs_n(const float* const* p, int np, const std::vector<kv_run>& runs, std::int64_t k0, std::int64_t k1,
                            std::int64_t hd, float* const* out, bool cont) {
     for (int i = 0; i < np; i += NP) {
