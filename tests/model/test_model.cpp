@@ -89,6 +89,37 @@ TEST_CASE("prefill then decode equals one long prefill, at every position") {
     }
 }
 
+TEST_CASE("a prefill long enough to split the GDN conv by channels equals its rows one at a time") {
+    const auto spec = synth::preset("tiny");
+    auto path = testutil::synth_file("m_tiny.gguf", spec);
+    rt_model m(load(path), {2});
+    // Rows enough that the CPU backend's gdn_conv splits the segment's channels across threads
+    // (a row at a time never does): a wrong channel range or ring update shows in every later row.
+    const std::int64_t C = 2 * spec.ssm_n_group * spec.ssm_d_state + spec.ssm_d_inner;
+    const std::int64_t n = backend::cpu_detail::gdn_conv_split_min / C + 3;
+    REQUIRE(n * C >= backend::cpu_detail::gdn_conv_split_min);
+    // Then a few rows more in both sessions: they read the conv ring that the split pass left.
+    const std::int64_t more = 4;
+    auto ids = prompt_ids(n + more, m.n_vocab(), 11);
+    auto whole = m.new_session({.ctx = n + more, .batch = n, .kv_f16 = false});
+    auto rows = m.new_session({.ctx = n + more, .kv_f16 = false});
+    std::vector<float> all, one, next;
+    m.commit(whole, std::span<const token>(ids.data(), std::size_t(n)), logits_rows::all, all);
+    const std::int64_t V = m.n_vocab();
+    float err = 0.f;
+    for (std::int64_t i = 0; i < n; ++i) {
+        m.commit(rows, std::span<const token>(ids.data() + i, 1), logits_rows::last, one);
+        err = std::max(err, testutil::max_abs_diff(one.data(), all.data() + i * V, std::size_t(V)));
+    }
+    CHECK(err / testutil::max_abs(all) < 1e-5f);
+    for (std::int64_t i = n; i < n + more; ++i) {
+        m.commit(whole, std::span<const token>(ids.data() + i, 1), logits_rows::last, next);
+        m.commit(rows, std::span<const token>(ids.data() + i, 1), logits_rows::last, one);
+        CAPTURE(i);
+        CHECK(testutil::max_abs_diff(one.data(), next.data(), std::size_t(V)) / testutil::max_abs(next) < 1e-5f);
+    }
+}
+
 TEST_CASE("chunked commit (small batch) equals one pass; last-row logits equal the last of all") {
     auto path = testutil::synth_file("m_tiny.gguf", synth::preset("tiny"));
     rt_model m(load(path), {2});

@@ -2,6 +2,7 @@
 // The CPU backend's Gated DeltaNet primitives (architecture.md §2.4, clover-diffusion.md §3–4):
 // conv over each sequence's ring, the gated delta rule per segment kind, the gated norm, and
 // the replay rollback of a verify segment.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -17,13 +18,14 @@ namespace clover::backend::cpu_detail {
 
 // Causal conv over [ring (K-1 rows) ; m (n rows)] then SiLU. With `right` (preview only), the
 // K-1 look-ahead taps of clover-diffusion.md §3 are added before the SiLU; rows past the block
-// read 0. wc: [C][K], index 0 = oldest; right: [C][K-1], index 0 = the next row.
+// read 0. wc: [C][K], index 0 = oldest; right: [C][K-1], index 0 = the next row. Only channels
+// [c0, c1) are computed: the channels are independent, so threads can share one segment.
 inline void conv_silu(const gdn_shape& g, const float* wc, const float* ring, const float* m, float* y, std::int64_t n,
-                      const float* right) {
+                      const float* right, std::int64_t c0, std::int64_t c1) {
     const std::int64_t C = g.channels, K = g.conv;
     auto in = [&](std::int64_t tau, std::int64_t c) { return tau < 0 ? ring[(tau + K - 1) * C + c] : m[tau * C + c]; };
     for (std::int64_t t = 0; t < n; ++t)
-        for (std::int64_t c = 0; c < C; ++c) {
+        for (std::int64_t c = c0; c < c1; ++c) {
             float s = 0.f;
             for (std::int64_t i = 0; i < K; ++i) s += wc[c * K + i] * in(t - K + 1 + i, c);
             if (right)
@@ -33,12 +35,12 @@ inline void conv_silu(const gdn_shape& g, const float* wc, const float* ring, co
 }
 
 // The ring after consuming rows m[0, n): the last K-1 rows of [ring ; m]. Filling in increasing
-// row order never overwrites a row still to be read.
-inline void advance_ring(const gdn_shape& g, float* ring, const float* m, std::int64_t n) {
+// row order never overwrites a row still to be read. Channels [c0, c1) only, as conv_silu.
+inline void advance_ring(const gdn_shape& g, float* ring, const float* m, std::int64_t n, std::int64_t c0, std::int64_t c1) {
     const std::int64_t C = g.channels, K = g.conv;
     for (std::int64_t r = 0; r < K - 1; ++r) {
         const std::int64_t tau = n - (K - 1) + r;
-        for (std::int64_t c = 0; c < C; ++c) ring[r * C + c] = tau < 0 ? ring[(tau + K - 1) * C + c] : m[tau * C + c];
+        for (std::int64_t c = c0; c < c1; ++c) ring[r * C + c] = tau < 0 ? ring[(tau + K - 1) * C + c] : m[tau * C + c];
     }
 }
 
@@ -56,30 +58,48 @@ inline void normalize_qk(const gdn_shape& g, float* y, std::int64_t n, float q_s
         }
 }
 
+// A segment of at least this many (row, channel) elements has its conv split by channels
+// across the threads (gdn_conv).
+inline constexpr std::int64_t gdn_conv_split_min = std::int64_t(1) << 15;
+
 inline void gdn_conv(thread_pool& pool, const batch& bt, state_pool& st, std::int64_t layer, const gdn_shape& g,
                      const gdn_params& w, const float* m, float* y) {
     const std::int64_t C = g.channels;
     const auto segs = bt.segments();
-    pool.run_chunks(std::int64_t(segs.size()), 1, [&](std::int64_t b, std::int64_t e, int) {
+    std::int64_t longest = 0;
+    for (const segment& s : segs) {
+        longest = std::max(longest, s.n);
+        if (s.kind != pass_kind::verify) continue;
+        gdn_slot& slot = st.gdn(layer, s.seq);  // what a rollback restores, before the ring moves
+        slot.rec.S0 = slot.S;
+        slot.rec.ring0 = slot.ring;
+        slot.rec.m.assign(m + s.row0 * C, m + (s.row0 + s.n) * C);
+        slot.rec.n = s.n;
+    }
+    // Tasks of (segment, block of channels). Why not one task per segment: a single sequence's
+    // prefill then ran its conv and SiLU on one core while the other waited (perf, bundled model,
+    // bench_server --conversation turn 2: 8 % of the prefill's CPU time).
+    // Small batches (decode rows) stay one task per segment: a task's fixed cost would dominate.
+    const std::int64_t blocks = longest * C >= gdn_conv_split_min ? std::min<std::int64_t>(4 * pool.size(), C) : 1;
+    const std::int64_t per = (C + blocks - 1) / blocks;
+    pool.run_chunks(std::int64_t(segs.size()) * blocks, 1, [&](std::int64_t b, std::int64_t e, int) {
         for (std::int64_t i = b; i < e; ++i) {
-            const segment& s = segs[std::size_t(i)];
+            const segment& s = segs[std::size_t(i / blocks)];
+            const std::int64_t c0 = (i % blocks) * per, c1 = std::min(C, c0 + per);
+            if (c0 >= c1) continue;
             gdn_slot& slot = st.gdn(layer, s.seq);
             const float* ms = m + s.row0 * C;
-            float* ys = y + s.row0 * C;
-            if (s.kind == pass_kind::preview) {
-                conv_silu(g, w.conv->f32(), slot.ring.data(), ms, ys, s.n, w.conv_right->f32());
-                normalize_qk(g, ys, s.n, 1.f);  // unit q̂ and k̂
-                continue;
-            }
-            if (s.kind == pass_kind::verify) {
-                slot.rec.S0 = slot.S;
-                slot.rec.ring0 = slot.ring;
-                slot.rec.m.assign(ms, ms + s.n * C);
-                slot.rec.n = s.n;
-            }
-            conv_silu(g, w.conv->f32(), slot.ring.data(), ms, ys, s.n, nullptr);
-            advance_ring(g, slot.ring.data(), ms, s.n);
-            normalize_qk(g, ys, s.n, 1.f / std::sqrt(float(g.dk)));
+            const bool preview = s.kind == pass_kind::preview;  // look-ahead taps; the ring stays
+            conv_silu(g, w.conv->f32(), slot.ring.data(), ms, y + s.row0 * C, s.n, preview ? w.conv_right->f32() : nullptr, c0, c1);
+            if (!preview) advance_ring(g, slot.ring.data(), ms, s.n, c0, c1);
+        }
+    });
+    // Then q and k per row (all channels of a row are done): unit q̂ and k̂ for a preview,
+    // q scaled by 1/sqrt(dk) otherwise.
+    pool.parallel_for(bt.rows(), 64, [&](std::int64_t lo, std::int64_t hi) {
+        for (const segment& s : segs) {
+            const std::int64_t a = std::max(lo, s.row0), e = std::min(hi, s.row0 + s.n);
+            if (a < e) normalize_qk(g, y + a * C, e - a, s.kind == pass_kind::preview ? 1.f : 1.f / std::sqrt(float(g.dk)));
         }
     });
 }
@@ -131,11 +151,13 @@ inline void gdn_mix(thread_pool& pool, const batch& bt, state_pool& st, std::int
     const auto segs = bt.segments();
     const float* dt = w.dt_bias->f32();
     const float* A = w.a->f32();
-    for (std::int64_t t = 0; t < bt.rows(); ++t)
-        for (std::int64_t h = 0; h < Hv; ++h) {
-            beta[t * Hv + h] = math::sigmoid(beta[t * Hv + h]);
-            alpha[t * Hv + h] = A[h] * math::softplus(alpha[t * Hv + h] + dt[h]);
-        }
+    pool.parallel_for(bt.rows(), 64, [&](std::int64_t lo, std::int64_t hi) {  // a prefill's gates on every core
+        for (std::int64_t t = lo; t < hi; ++t)
+            for (std::int64_t h = 0; h < Hv; ++h) {
+                beta[t * Hv + h] = math::sigmoid(beta[t * Hv + h]);
+                alpha[t * Hv + h] = A[h] * math::softplus(alpha[t * Hv + h] + dt[h]);
+            }
+    });
     const std::int64_t n_items = std::int64_t(segs.size()) * Hv;
     pool.run_chunks(n_items, 1, [&](std::int64_t b, std::int64_t e, int) {
         std::vector<float> tmp, logit, r;
@@ -175,7 +197,7 @@ inline void gdn_rollback(const gdn_shape& g, gdn_slot& slot, std::int64_t keep) 
     if (keep < 0 || keep > r.n) fail("gdn rollback: cannot keep ", keep, " of ", r.n, " verified rows");
     slot.S = r.S0;
     slot.ring = r.ring0;
-    advance_ring(g, slot.ring.data(), r.m.data(), keep);
+    advance_ring(g, slot.ring.data(), r.m.data(), keep, 0, C);
     std::vector<float> tmp, o(static_cast<std::size_t>(std::max<std::int64_t>(keep, 1) * dv));
     for (std::int64_t h = 0; h < Hv; ++h) {
         const std::int64_t kh = g.qk_head_of(h);
