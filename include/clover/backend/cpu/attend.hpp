@@ -196,52 +196,6 @@ inline void block_scores_n(const float* const* q, int np, const float* kt, std::
     }
 }
 
-// out[g, d0 .. d0 + W·L) = Σ_j p[g, j] · v_j[d0 ..] for GB heads, over the keys of all runs in
-// order, each element one FMA per key from 0 (axpy's order), the accumulators in registers.
-template <class P, int GB, int W>
-inline void values_tile(const float* p, std::int64_t n, const std::vector<kv_run>& runs, std::int64_t d0, float* out,
-                        std::int64_t hd) {
-    using V = typename P::f32v;
-    constexpr int L = P::lanes;
-    V acc[GB][W];
-    CLOVER_UNROLL for (int g = 0; g < GB; ++g)
-        CLOVER_UNROLL for (int w = 0; w < W; ++w) acc[g][w] = P::zero();
-    std::int64_t j0 = 0;
-    for (const kv_run& r : runs) {
-        for (std::int64_t j = 0; j < r.n; ++j) {
-            V vv[W];
-            if (r.f16) {
-                const auto* vj = static_cast<const quant::f16_bits*>(r.v) + j * r.stride + d0;
-                CLOVER_UNROLL for (int w = 0; w < W; ++w) vv[w] = P::load_f16(vj + w * L);
-            } else {
-                const float* vj = static_cast<const float*>(r.v) + j * r.stride + d0;
-                CLOVER_UNROLL for (int w = 0; w < W; ++w) vv[w] = P::load(vj + w * L);
-            }
-            CLOVER_UNROLL for (int g = 0; g < GB; ++g) {
-                const V pg = P::set1(p[g * n + j0 + j]);
-                CLOVER_UNROLL for (int w = 0; w < W; ++w) acc[g][w] = P::fma(pg, vv[w], acc[g][w]);
-            }
-        }
-        j0 += r.n;
-    }
-    CLOVER_UNROLL for (int g = 0; g < GB; ++g)
-        CLOVER_UNROLL for (int w = 0; w < W; ++w) P::store(out + g * hd + d0 + w * L, acc[g][w]);
-}
-
-template <class P, int GB>
-inline void values_heads(const float* p, std::int64_t n, const std::vector<kv_run>& runs, float* out, std::int64_t hd) {
-    // Accumulators GB·W plus W value vectors fit the register file (32 with AVX-512, 16 with AVX2).
-    constexpr int regs = P::lanes >= 16 ? 16 : 8, wmax = std::max(1, std::min(P::lanes >= 16 ? 8 : 4, regs / GB));
-    const std::int64_t chunks = hd / P::lanes;
-    for (std::int64_t c = 0; c < chunks;) {
-        const std::int64_t d0 = c * P::lanes, left = chunks - c;
-        if (wmax >= 8 && left >= 8) { values_tile<P, GB, (wmax >= 8 ? 8 : 1)>(p, n, runs, d0, out, hd); c += 8; }
-        else if (wmax >= 4 && left >= 4) { values_tile<P, GB, (wmax >= 4 ? 4 : 1)>(p, n, runs, d0, out, hd); c += 4; }
-        else if (wmax >= 2 && left >= 2) { values_tile<P, GB, (wmax >= 2 ? 2 : 1)>(p, n, runs, d0, out, hd); c += 2; }
-        else { values_tile<P, GB, 1>(p, n, runs, d0, out, hd); c += 1; }
-    }
-}
-
 // The value sums of NP (row, head) pairs over keys [k0, k1) of runs (global key indices; p[i]
 // indexed by them), for the W·L dimensions from d0: every element one FMA per key in key order —
 // axpy's order — from 0, or continuing from out[i] (cont). Each value vector is loaded and
@@ -277,6 +231,28 @@ CLOVER_ALWAYS_INLINE inline void values_pairs_tile(const float* const* p, const 
     }
     CLOVER_UNROLL for (int i = 0; i < NP; ++i)
         CLOVER_UNROLL for (int w = 0; w < W; ++w) P::store(out[i] + d0 + w * L, acc[i][w]);
+}
+
+// out[g, :] = Σ_j p[g, j] · v_j over all n keys of runs for GB heads of one row (decode):
+// values_pairs_tile with the heads as its pairs, W as wide as the register file allows.
+template <class P, int GB>
+inline void values_heads(const float* p, std::int64_t n, const std::vector<kv_run>& runs, float* out, std::int64_t hd) {
+    // Accumulators GB·W plus W value vectors fit the register file (32 with AVX-512, 16 with AVX2).
+    constexpr int regs = P::lanes >= 16 ? 16 : 8, wmax = std::max(1, std::min(P::lanes >= 16 ? 8 : 4, regs / GB));
+    const float* ps[GB];
+    float* os[GB];
+    for (int g = 0; g < GB; ++g) {
+        ps[g] = p + g * n;
+        os[g] = out + g * hd;
+    }
+    const std::int64_t chunks = hd / P::lanes;
+    for (std::int64_t c = 0; c < chunks;) {
+        const std::int64_t d0 = c * P::lanes, left = chunks - c;
+        if (wmax >= 8 && left >= 8) { values_pairs_tile<P, GB, (wmax >= 8 ? 8 : 1)>(ps, runs, 0, n, d0, os, false); c += 8; }
+        else if (wmax >= 4 && left >= 4) { values_pairs_tile<P, GB, (wmax >= 4 ? 4 : 1)>(ps, runs, 0, n, d0, os, false); c += 4; }
+        else if (wmax >= 2 && left >= 2) { values_pairs_tile<P, GB, (wmax >= 2 ? 2 : 1)>(ps, runs, 0, n, d0, os, false); c += 2; }
+        else { values_pairs_tile<P, GB, 1>(ps, runs, 0, n, d0, os, false); c += 1; }
+    }
 }
 
 // values_pairs_tile over the whole head dimension, W vectors at a time where the accumulators
