@@ -145,6 +145,32 @@ inline void key_block(const kv_run& r, std::int64_t j, int nb, std::int64_t hd, 
             kt[d * L + t] = t >= nb ? 0.f : r.f16 ? quant::f16_to_f32(k16[t * r.stride + d]) : k32[t * r.stride + d];
 }
 
+// Walks keys [0, limit) of runs in blocks of up to L (a block never spans two runs), converting
+// and transposing each into kt with key_block; when KB blocks wait in kt, and once at the end for
+// the rest, flush(nbk, start, count) scores them: block b holds keys [start[b], start[b] +
+// count[b]) in global key order. KB ≤ KBmax.
+template <class P, int KBmax, class Flush>
+inline void for_key_blocks(const std::vector<kv_run>& runs, std::int64_t limit, std::int64_t hd, int KB, float* kt, Flush&& flush) {
+    constexpr int L = P::lanes;
+    std::int64_t start[KBmax] = {};
+    int count[KBmax] = {}, nbk = 0;
+    std::int64_t j0 = 0;
+    for (const kv_run& r : runs) {
+        for (std::int64_t j = 0; j < r.n && j0 + j < limit; j += L) {
+            const int nc = int(std::min<std::int64_t>({L, r.n - j, limit - (j0 + j)}));
+            key_block<P>(r, j, nc, hd, kt + std::int64_t(nbk) * hd * L);
+            start[nbk] = j0 + j;
+            count[nbk] = nc;
+            if (++nbk == KB) {
+                flush(nbk, start, count);
+                nbk = 0;
+            }
+        }
+        j0 += r.n;
+    }
+    if (nbk > 0) flush(nbk, start, count);
+}
+
 // Scores of KB key blocks (kt: KB blocks of [hd, L], one after the other) for NP query vectors:
 // dst[b·ldd + i][t] = dot_serial(q[i], k_t of block b) · scale for t < cnt[b·ldd + i] (its FMAs
 // in dot_serial's order: one chain per lane). KB > 1 is for few query vectors (a decode row with
@@ -330,32 +356,20 @@ inline void attend_group(const float* q, std::int64_t G, const std::vector<kv_ru
     small_buffer<float*, 32> dst(ng * std::size_t(KB));
     small_buffer<int, 32> cnt(ng * std::size_t(KB));
     for (std::int64_t g = 0; g < G; ++g) qs[std::size_t(g)] = q + g * hd;
-    int nbk = 0;  // blocks waiting in kt
-    auto flush = [&] {
+    for_key_blocks<P, 4>(runs, n, hd, KB, kt, [&](int nbk, const std::int64_t* start, const int* count) {
+        for (int b = 0; b < nbk; ++b)
+            for (std::int64_t g = 0; g < G; ++g) {
+                dst[std::size_t(b * G + g)] = p.data() + g * n + start[b];
+                cnt[std::size_t(b * G + g)] = count[b];
+            }
         const int ldd = int(G);
         switch (nbk) {
             case 4: block_scores_n<P, 4>(qs.data(), int(G), kt, hd, scale, dst.data(), cnt.data(), ldd); break;
             case 3: block_scores_n<P, 3>(qs.data(), int(G), kt, hd, scale, dst.data(), cnt.data(), ldd); break;
             case 2: block_scores_n<P, 2>(qs.data(), int(G), kt, hd, scale, dst.data(), cnt.data(), ldd); break;
-            case 1: block_scores_n<P, 1>(qs.data(), int(G), kt, hd, scale, dst.data(), cnt.data(), ldd); break;
-            default: break;
+            default: block_scores_n<P, 1>(qs.data(), int(G), kt, hd, scale, dst.data(), cnt.data(), ldd); break;
         }
-        nbk = 0;
-    };
-    std::int64_t j0 = 0;
-    for (const kv_run& r : runs) {
-        for (std::int64_t j = 0; j < r.n; j += L) {
-            const int nb = int(std::min<std::int64_t>(L, r.n - j));
-            key_block<P>(r, j, nb, hd, kt + std::int64_t(nbk) * hd * L);
-            for (std::int64_t g = 0; g < G; ++g) {
-                dst[std::size_t(nbk * G + g)] = p.data() + g * n + j0 + j;
-                cnt[std::size_t(nbk * G + g)] = nb;
-            }
-            if (++nbk == KB) flush();
-        }
-        j0 += r.n;
-    }
-    flush();
+    });
     for (std::int64_t g = 0; g < G; ++g) softmax_rows(p.data() + g * n, n);
     for (std::int64_t g = 0; g < G;) {
         const float* pg = p.data() + g * n;
@@ -412,10 +426,8 @@ inline void attend_rows(const float* const* q, const std::int64_t* nk, int R, st
         std::vector<const float*> qs(np_max);  // the query vectors of the pairs that read the blocks
         std::vector<float*> dst(KB * np_max);  // [KB, np_max]
         std::vector<int> cnt(KB * np_max);     // [KB, np_max] keys of the block each pair reads (0: none)
-        std::int64_t start[KB] = {}, nbk = 0;  // the blocks waiting in kt: first key, count
-        int ncs[KB] = {};
-        auto flush = [&] {
-            if (nbk == 0) return;
+        // No row reads past `last`, so the walk stops there.
+        for_key_blocks<P, KB>(runs, last, hd, KB, kt, [&](int nbk, const std::int64_t* start, const int* ncs) {
             int np = 0;
             for (int i = 0; i < R; ++i) {
                 if (nk[i] <= start[0]) continue;  // reads none of these keys (causal rows)
@@ -431,20 +443,7 @@ inline void attend_rows(const float* const* q, const std::int64_t* nk, int R, st
             }
             if (nbk == KB) block_scores_n<P, KB, NP>(qs.data(), np, kt, hd, scale, dst.data(), cnt.data(), int(np_max));
             else block_scores_n<P, 1, NP>(qs.data(), np, kt, hd, scale, dst.data(), cnt.data(), int(np_max));
-            nbk = 0;
-        };
-        std::int64_t j0 = 0;
-        for (const kv_run& r : runs) {
-            for (std::int64_t j = 0; j < r.n && j0 + j < last; j += L) {
-                const int nc = int(std::min<std::int64_t>({L, r.n - j, last - (j0 + j)}));  // no row reads past `last`
-                key_block<P>(r, j, nc, hd, kt + nbk * hd * L);
-                start[nbk] = j0 + j;
-                ncs[nbk] = nc;
-                if (++nbk == KB) flush();
-            }
-            j0 += r.n;
-        }
-        flush();
+        });
         // Softmax per (row, head); then the values: the keys every row reads for all R·G pairs at
         // once, then each longer row's own last keys, continuing its sums in key order.
         std::int64_t kmin = n;
