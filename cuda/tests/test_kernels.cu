@@ -143,7 +143,7 @@ CUDA_TEST_CASE("GDN conv + SiLU (with look-ahead taps), ring advance and q/k L2 
         gw.conv = f32_weight(wc);
         for (bool look : {false, true}) {
             std::vector<float> y(static_cast<std::size_t>(n * C));
-            cpud::conv_silu(gdn_layer::shape(d), gw.conv.f32(), ring.data(), m.data(), y.data(), n, look ? right.data() : nullptr);
+            cpud::conv_silu(gdn_layer::shape(d), gw.conv.f32(), ring.data(), m.data(), y.data(), n, look ? right.data() : nullptr, 0, C);
             dvec<float> dr(ring), dm(m), dwc(wc), drt(right), dy(y.size());
             cd::conv_silu(dr.p(), dm.p(), dwc.p(), look ? drt.p() : nullptr, dy.p(), n, C, int(K), nullptr);
             CHECK(rel(dy.host(), y) < 1e-6f);
@@ -154,7 +154,7 @@ CUDA_TEST_CASE("GDN conv + SiLU (with look-ahead taps), ring advance and q/k L2 
             CHECK(rel(dy.host(), y) < 1e-6f);
         }
         auto r2 = ring;
-        cpud::advance_ring(gdn_layer::shape(d), r2.data(), m.data(), n);
+        cpud::advance_ring(gdn_layer::shape(d), r2.data(), m.data(), n, 0, C);
         dvec<float> dr(ring), dm(m), dout(ring.size());
         cd::advance_ring(dr.p(), dm.p(), dout.p(), n, C, int(K), nullptr);
         CHECK(dout.host() == r2);
