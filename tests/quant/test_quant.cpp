@@ -295,6 +295,68 @@ TEST_CASE("the streaming tiles (2 rows x 1..8 tokens, prefetching the next pair)
 #endif
 }
 
+TEST_CASE("the fast Q8_0 lanes tiles (16 rows x 1..8 tokens) and gemm_block's fast path equal q8_0_blockwise_ref bitwise, odd sizes") {
+    const auto& ks = cd::kernels_for(dtype::q8_0);
+    int tested = 0;
+    for (std::int64_t K : sizes_for(dtype::q8_0)) {
+        if (!ks.lanes_tile(1)) break;
+        CAPTURE(K);
+        test_matrix m(dtype::q8_0, 35, K, std::uint64_t(K) * 19 + 7, 3.f);  // two groups of 16 and 3 rows left over
+        const std::int64_t T = 13;
+        const auto x = testutil::random_vec(std::size_t(T * K), std::uint64_t(K) * 23 + 8, -4.f, 4.f);
+        const std::size_t arb = quant::row_bytes(dtype::q8_0, K), stride = cd::act_row_bytes(ks.act, K);
+        std::vector<std::byte> xa(arb * T);
+        cd::aligned_buffer buf;
+        std::byte* ap = buf.get(stride * T);
+        cd::prep_scratch ps;
+        for (std::int64_t c = 0; c < T; ++c) {
+            quant::quantize_row_q8_0(x.data() + c * K, reinterpret_cast<quant::block_q8_0*>(xa.data() + c * arb), K);
+            cd::prepare_row(ks.act, x.data() + c * K, ap + c * stride, K, ps);
+        }
+        auto same = [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); };
+        auto twin = [&](std::int64_t r, std::int64_t c) { return cd::q8_0_blockwise_ref(m.w.row(r), xa.data() + c * arb, K); };
+        auto one_row = [&](std::int64_t r, std::int64_t c) {
+            float v = 0.f;
+            ks.tile(1, 1)(m.w.row(r), m.w.row_bytes, ap + c * stride, stride, K, &v, 1);
+            return v;
+        };
+        // the tiles: rows 0–15 and 19–34, with and without prefetching the next rows
+        for (const std::int64_t r0 : {0, 19})
+            for (int C = 1; C <= 8; ++C)
+                for (const bool pf : {false, true}) {
+                    CAPTURE(r0); CAPTURE(C); CAPTURE(pf);
+                    float y[8 * 16];
+                    ks.lanes_tile(C)(m.w.row(r0), m.w.row_bytes, ap, stride, K, y, 16, pf ? m.w.row(16) : nullptr);
+                    int bad = 0;
+                    for (int c = 0; c < C; ++c)
+                        for (int r = 0; r < 16; ++r) bad += !same(y[c * 16 + r], twin(r0 + r, c));
+                    CHECK(bad == 0);
+                    ++tested;
+                }
+        // gemm_block: not row-exact, from lanes_from tokens on (decode-sized and prefill-sized
+        // token ranges): groups of 16 rows equal the twin, the 3 rows left equal the row tiles;
+        // row-exact or below lanes_from: every row equals the row tiles
+        for (const std::int64_t n : {std::int64_t(ks.lanes_from) - 1, std::int64_t(ks.lanes_from), std::int64_t(8), T})
+            for (const bool exact : {false, true}) {
+                CAPTURE(n); CAPTURE(exact);
+                std::vector<float> y(std::size_t(n * 35), -1.f);
+                cd::gemm_block(ks, m.w, 0, 35, {ap, stride, T}, 0, n, y.data(), 35, exact);
+                const bool fast = !exact && n >= ks.lanes_from;
+                int bad = 0;
+                for (std::int64_t c = 0; c < n; ++c)
+                    for (std::int64_t r = 0; r < 35; ++r) bad += !same(y[std::size_t(c * 35 + r)], fast && r < 32 ? twin(r, c) : one_row(r, c));
+                CHECK(bad == 0);
+            }
+        // the fast form stays within rounding of the row-exact one
+        float y[16];
+        ks.lanes_tile(1)(m.w.row(0), m.w.row_bytes, ap, stride, K, y, 16, nullptr);
+        for (int r = 0; r < 16; ++r) CHECK(y[r] == doctest::Approx(one_row(r, 0)).epsilon(1e-4).scale(std::sqrt(double(K))));
+    }
+#if CLOVER_CPU_AVX512_VNNI
+    CHECK(tested > 0);
+#endif
+}
+
 TEST_CASE("backend matmul equals matmul_ref (threads, token chunks, Eigen path, odd shapes)") {
     backend::cpu be({2});
     for (dtype t : all_types) {

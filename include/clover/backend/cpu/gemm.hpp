@@ -134,7 +134,7 @@ inline void run_gemm(thread_pool& pool, gemm_scratch& sc, std::span<const gemm_j
             const auto& it = its[k];
             const weight& w = *jobs[it.job].w;
             gemm_block(kernels_for(w.type), w, it.r0, it.r1, sc.inputs[sc.job_input[it.job]].view, it.t0, it.t1, jobs[it.job].y,
-                       w.rows);
+                       w.rows, exact);
         }
     });
 }

@@ -104,6 +104,84 @@ void q8_0_tile_pf(const std::byte* w, std::size_t ws, const std::byte* a, std::s
     q8_0_tile_body<R, C, true>(w, ws, a, as, K, y, ldy, pfd);
 }
 
+// ---------------------------------------------------------------- Q8_0, 16 weight rows in the lanes
+#if CLOVER_CPU_AVX512_VNNI
+// The fast (not row-exact) Q8_0 product for several tokens: 16 weight rows × C ≤ 8 tokens,
+// y[c·ldy + r] for r < 16. The tiles above keep one weight row per register, so after every
+// vpdpbusd (64 MACs) each (row, token) pays a convert, a scale product and an FMA: 4 ops per
+// 64 MACs, which is what bounds 8 sequences decoding together on Q8_0 (bench_kernels batch8).
+// Here a block of 16 rows is transposed (lane l = dword j of row lane_row[l]), so one
+// vpdpbusd against a broadcast activation dword serves 16 rows, and the convert/scale/FMA
+// come once per (16 rows, token, block): 8 + 5 ops per 512 MACs, plus the transpose (16 loads,
+// 24 shuffles) shared by the C tokens. The sum differs from the row tiles' lane order — each
+// block's exact int32 dot, then acc = fma(float(dot), d_w·d_a, acc) over the blocks in order,
+// which is the twin q8_0_blockwise_ref (and ggml's own per-block order) — so it runs only where
+// a batch is not row-exact (matmul.hpp). The int32 dot: (w + 128) as u8 × a, started from
+// −128·Σa (8 × the a8_pair's per-lane −16·Σa).
+inline constexpr int q8_0_lanes_row[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};  // an involution
+
+// Rows ws bytes apart; ws · 15 must fit an int32 (the scales are gathered; matmul.hpp checks).
+// pf (streaming, or null): the next 16 rows, 16·ws contiguous bytes, prefetched a block's share
+// (16 · 34 bytes) per block. Without it the 16 interleaved streams read 7 GB/s from DRAM
+// (bench_kernels batch8 fast: 53 GMAC/s, below the row tiles' 65).
+template <int C>
+void q8_0_lanes_tile_pf(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+                        std::int64_t ldy, const std::byte* pf) {
+    constexpr std::size_t bs = sizeof(quant::block_q8_0);  // 34: f16 d, then 32 codes
+    const std::int64_t nb = K / 32;
+    const __m512i lane_row = _mm512_loadu_si512(q8_0_lanes_row);
+    const __m512i scale_off = _mm512_mullo_epi32(lane_row, _mm512_set1_epi32(int(ws)));
+    const __m512i flip = _mm512_set1_epi8(char(0x80));
+    __m512 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+    for (std::int64_t b = 0; b < nb; ++b) {
+        if (pf) {
+            const std::size_t step = 16 * bs * std::size_t(b);
+            for (std::size_t o = step & ~std::size_t(63); o < step + 16 * bs; o += 64)
+                __builtin_prefetch(reinterpret_cast<const char*>(pf) + o, 0, 3);
+        }
+        const std::byte* q = w + std::size_t(b) * bs + 2;  // row 0's codes of block b
+        // [row r (8 dwords) | row r + 8] for r < 8, then an 8 × 8 dword transpose per half
+        __m512i z[8];
+        for (int r = 0; r < 8; ++r)
+            z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + std::size_t(r) * ws))),
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + std::size_t(r + 8) * ws)), 1);
+        __m512i t[8], u[8], wt[8];
+        for (int g = 0; g < 2; ++g) {  // rows 4g .. 4g + 3 of each half
+            const __m512i* zz = z + 4 * g;
+            t[4 * g + 0] = _mm512_unpacklo_epi32(zz[0], zz[1]);
+            t[4 * g + 1] = _mm512_unpackhi_epi32(zz[0], zz[1]);
+            t[4 * g + 2] = _mm512_unpacklo_epi32(zz[2], zz[3]);
+            t[4 * g + 3] = _mm512_unpackhi_epi32(zz[2], zz[3]);
+            u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g + 0], t[4 * g + 2]);  // dword 0 (or 4) of the 4 rows
+            u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g + 0], t[4 * g + 2]);  // dword 1 (or 5)
+            u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);  // dword 2 (or 6)
+            u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);  // dword 3 (or 7)
+        }
+        for (int j = 0; j < 4; ++j) {  // 128-bit lanes: [rows 0–3 | 8–11 | 4–7 | 12–15]
+            wt[j] = _mm512_xor_si512(_mm512_shuffle_i32x4(u[j], u[j + 4], 0x88), flip);
+            wt[j + 4] = _mm512_xor_si512(_mm512_shuffle_i32x4(u[j], u[j + 4], 0xdd), flip);
+        }
+        const __m512i d16 = _mm512_i32gather_epi32(scale_off, w + std::size_t(b) * bs, 1);  // low half: the f16 d
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d16));
+        for (int c = 0; c < C; ++c) {
+            const auto& ap = reinterpret_cast<const a8_pair*>(a + std::size_t(c) * as)[b >> 1];
+            const int h = int(b & 1);
+            const std::int32_t* qa = reinterpret_cast<const std::int32_t*>(ap.qs + 32 * h);
+            __m512i dot = _mm512_set1_epi32(ap.corr[8 * h] * 8);
+            for (int j = 0; j < 8; ++j) dot = _mm512_dpbusd_epi32(dot, wt[j], _mm512_set1_epi32(qa[j]));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(ap.d[8 * h])), acc[c]);
+        }
+    }
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(y + c * ldy, _mm512_permutexvar_ps(lane_row, acc[c]));
+}
+template <int C>
+void q8_0_lanes_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+                     std::int64_t ldy) {
+    q8_0_lanes_tile_pf<C>(w, ws, a, as, K, y, ldy, nullptr);
+}
+#endif
+
 // ---------------------------------------------------------------- K-quants × Q8_K (a8k_block rows)
 
 // The 8 (scale, min) pairs of a Q4_K/Q5_K field as two 64-bit words of bytes.

@@ -17,6 +17,7 @@
 // weight super-block serves 4 tokens; 24 of the 32 vector registers hold accumulators and
 // operands), where the weight chunk is reused from L2.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -64,6 +65,22 @@ void ref_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_
         for (int r = 0; r < R; ++r) y[c * ldy + r] = quant::vec_dot_ref(T, w + std::size_t(r) * ws, a + std::size_t(c) * as, K);
 }
 
+// Scalar twin of k512::q8_0_lanes_tile (the fast Q8_0 product of several tokens): per block the
+// exact int32 dot, then acc = fma(float(dot), d_w·d_a, acc) over the blocks in order. a: standard
+// Q8_0 blocks (quant::quantize_row_q8_0).
+inline float q8_0_blockwise_ref(const std::byte* w, const std::byte* a, std::int64_t K) {
+    const auto* wb = reinterpret_cast<const quant::block_q8_0*>(w);
+    const auto* ab = reinterpret_cast<const quant::block_q8_0*>(a);
+    float acc = 0.f;
+    for (std::int64_t b = 0; b < K / 32; ++b) {
+        std::int32_t dot = 0;
+        for (int i = 0; i < 32; ++i) dot += std::int32_t(wb[b].qs[i]) * std::int32_t(ab[b].qs[i]);
+        const float d = quant::f16_to_f32(wb[b].d) * quant::f16_to_f32(ab[b].d);
+        acc = std::fma(float(dot), d, acc);
+    }
+    return acc;
+}
+
 // How one weight type is computed with this build's ISA.
 // Decode loop: rows w + i·ws and w + i·ws + stream_off for i < n, one activation row; outputs
 // y0[i] and y1[i]. The 2 × 1 tile is inlined into the loop (no call and reduction barrier per
@@ -86,12 +103,19 @@ struct kernel_set {
     // R = 2 × C = 1..8 (C > 4 where `wide`) with the next row pair's prefetch spread over the
     // super-block loop; null where the build has none (the driver then prefetches in one burst).
     stream_tile_fn stream[8] = {};
+    // 16 weight rows × C = 1..8 tokens, not row-exact (k512::q8_0_lanes_tile): for batches that
+    // are not row-exact, from lanes_from tokens on; null where the build has none.
+    using lanes_fn = void (*)(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+                              std::int64_t ldy, const std::byte* prefetch_next);
+    lanes_fn lanes16[8] = {};
+    int lanes_from = 0;
     gemv2_fn gemv2 = nullptr;
     int gemm_r = 2, gemm_c = 4;
     enum class prep { f32_exact, f16_round, bf16_round, bf16_raw, q8_0_std, q8_0_pair, q8_k_std, q8_k_ext } act{};
     tile_fn tile(int R, int C) const { return tiles[R == 4 ? 2 : R - 1][C - 1]; }
     tile_fn wide_tile(int C) const { return C >= 5 && C <= 8 ? wide[C - 5] : nullptr; }
     stream_tile_fn stream_tile(int C) const { return C >= 1 && C <= 8 ? stream[C - 1] : nullptr; }
+    lanes_fn lanes_tile(int C) const { return C >= 1 && C <= 8 ? lanes16[C - 1] : nullptr; }
 };
 
 template <template <int, int> class K>
@@ -215,6 +239,13 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
             case dtype::q8_0:
                 fill_tiles<q8_0_512>(ks); fill_wide_tiles<q8_0_512>(ks); fill_stream_tiles<q8_0_512_pf>(ks);
                 ks.act = P::q8_0_pair; ks.gemm_r = 4;
+#if CLOVER_CPU_AVX512_VNNI
+                ks.lanes16[0] = k512::q8_0_lanes_tile_pf<1>; ks.lanes16[1] = k512::q8_0_lanes_tile_pf<2>;
+                ks.lanes16[2] = k512::q8_0_lanes_tile_pf<3>; ks.lanes16[3] = k512::q8_0_lanes_tile_pf<4>;
+                ks.lanes16[4] = k512::q8_0_lanes_tile_pf<5>; ks.lanes16[5] = k512::q8_0_lanes_tile_pf<6>;
+                ks.lanes16[6] = k512::q8_0_lanes_tile_pf<7>; ks.lanes16[7] = k512::q8_0_lanes_tile_pf<8>;
+                ks.lanes_from = 6;
+#endif
                 break;
             case dtype::q4_k: fill_tiles<q4_k_512>(ks); fill_stream_tiles<q4_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
             case dtype::q5_k: fill_tiles<q5_k_512>(ks); fill_stream_tiles<q5_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
@@ -393,9 +424,28 @@ inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_
         }
 }
 
-// y[t·ldy + r] for rows [r0, r1) of w and prepared rows [t0, t1) of a.
+// The fast form where it applies (ks.lanes16: a batch that need not be row-exact, at least
+// ks.lanes_from tokens): rows in groups of 16, tokens in groups of 8. Returns the first row it
+// left to the row-exact tiles (r1 when none).
+inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1, const act_view& a,
+                                std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
+    if (!ks.lanes16[0] || t1 - t0 < ks.lanes_from || w.row_bytes * 15 > std::size_t(INT32_MAX)) return r0;
+    const std::int64_t end = r0 + (r1 - r0) / 16 * 16;
+    const bool streaming = t1 - t0 <= small_batch_tokens;  // the weights come from DRAM once
+    for (std::int64_t r = r0; r < end; r += 16)
+        for (std::int64_t t = t0; t < t1; t += 8) {
+            const int c = int(std::min<std::int64_t>(8, t1 - t));
+            const std::byte* next = streaming && r + 16 < end ? w.row(r + 16) : nullptr;
+            ks.lanes_tile(c)(w.row(r), w.row_bytes, a.row(t), a.stride, w.cols, y + t * ldy + r, ldy, next);
+        }
+    return end;
+}
+
+// y[t·ldy + r] for rows [r0, r1) of w and prepared rows [t0, t1) of a. row_exact: every
+// (row, token) computed as a one-row product would be (otherwise the fast form may run).
 inline void gemm_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1, const act_view& a,
-                       std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
+                       std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy, bool row_exact) {
+    if (!row_exact && (r0 = lanes_block(ks, w, r0, r1, a, t0, t1, y, ldy)) == r1) return;
     const std::int64_t K = w.cols;
     const std::size_t ws = w.row_bytes;
     if (t1 - t0 == 1) {  // decode: two sequential streams, rows r0 + i and r0 + half + i (see the top)
