@@ -295,10 +295,10 @@ TEST_CASE("the streaming tiles (2 rows x 1..8 tokens, prefetching the next pair)
 #endif
 }
 
-TEST_CASE("the fast Q8_0 lanes tiles (16 rows x 1..8 tokens) and gemm_block's fast path equal q8_0_blockwise_ref bitwise, odd sizes") {
+TEST_CASE("the fast Q8_0 lanes tiles (16 rows x 1..8 tokens, packed or a8_pair rows) and gemm_block's fast path equal q8_0_blockwise_ref bitwise, odd sizes") {
     const auto& ks = cd::kernels_for(dtype::q8_0);
     int tested = 0;
-    for (std::int64_t K : sizes_for(dtype::q8_0)) {
+    for (std::int64_t K : {32, 96, 160, 352, 2080, 4128}) {  // odd block counts; the last one over lanes_max_k
         if (!ks.lanes_tile(1)) break;
         CAPTURE(K);
         test_matrix m(dtype::q8_0, 35, K, std::uint64_t(K) * 19 + 7, 3.f);  // two groups of 16 and 3 rows left over
@@ -326,10 +326,14 @@ TEST_CASE("the fast Q8_0 lanes tiles (16 rows x 1..8 tokens) and gemm_block's fa
                 for (const bool pf : {false, true}) {
                     CAPTURE(r0); CAPTURE(C); CAPTURE(pf);
                     float y[8 * 16];
-                    ks.lanes_tile(C)(m.w.row(r0), m.w.row_bytes, ap, stride, K, y, 16, pf ? m.w.row(16) : nullptr);
+                    std::vector<cd::a8_lane> packed(std::size_t(C * K / 32));
+                    cd::pack_a8_lanes(ap, stride, C, K / 32, packed.data());
+                    ks.lanes_tile(C)(m.w.row(r0), m.w.row_bytes, packed.data(), K, y, 16, pf ? m.w.row(16) : nullptr);
+                    float yr[8 * 16];  // the prefill form, on the a8_pair rows
+                    ks.lanes16_rows[C - 1](m.w.row(r0), m.w.row_bytes, ap, stride, K, yr, 16);
                     int bad = 0;
                     for (int c = 0; c < C; ++c)
-                        for (int r = 0; r < 16; ++r) bad += !same(y[c * 16 + r], twin(r0 + r, c));
+                        for (int r = 0; r < 16; ++r) bad += !same(y[c * 16 + r], twin(r0 + r, c)) + !same(yr[c * 16 + r], twin(r0 + r, c));
                     CHECK(bad == 0);
                     ++tested;
                 }
@@ -341,7 +345,7 @@ TEST_CASE("the fast Q8_0 lanes tiles (16 rows x 1..8 tokens) and gemm_block's fa
                 CAPTURE(n); CAPTURE(exact);
                 std::vector<float> y(std::size_t(n * 35), -1.f);
                 cd::gemm_block(ks, m.w, 0, 35, {ap, stride, T}, 0, n, y.data(), 35, exact);
-                const bool fast = !exact && n >= ks.lanes_from;
+                const bool fast = !exact && n >= ks.lanes_from && (n > cd::small_batch_tokens || K <= cd::lanes_max_k);
                 int bad = 0;
                 for (std::int64_t c = 0; c < n; ++c)
                     for (std::int64_t r = 0; r < 35; ++r) bad += !same(y[std::size_t(c * 35 + r)], fast && r < 32 ? twin(r, c) : one_row(r, c));
@@ -349,7 +353,9 @@ TEST_CASE("the fast Q8_0 lanes tiles (16 rows x 1..8 tokens) and gemm_block's fa
             }
         // the fast form stays within rounding of the row-exact one
         float y[16];
-        ks.lanes_tile(1)(m.w.row(0), m.w.row_bytes, ap, stride, K, y, 16, nullptr);
+        std::vector<cd::a8_lane> packed(std::size_t(K / 32));
+        cd::pack_a8_lanes(ap, stride, 1, K / 32, packed.data());
+        ks.lanes_tile(1)(m.w.row(0), m.w.row_bytes, packed.data(), K, y, 16, nullptr);
         for (int r = 0; r < 16; ++r) CHECK(y[r] == doctest::Approx(one_row(r, 0)).epsilon(1e-4).scale(std::sqrt(double(K))));
     }
 #if CLOVER_CPU_AVX512_VNNI

@@ -6,8 +6,11 @@
 //                "min" term becomes one FMA per super-block) and the 16-group sums (Q6_K's −32
 //                offset becomes one integer multiply-add);
 //   a8_pair    — two Q8_0 blocks (64 int8) with their scales spread over 8 lanes each and the
-//                per-lane correction −16·Σq that lets VNNI multiply (w + 128) as unsigned bytes.
+//                per-lane correction −16·Σq that lets VNNI multiply (w + 128) as unsigned bytes;
+//   a8_lane    — one Q8_0 block of one token for the fast 16-row Q8_0 form (40 bytes: codes,
+//                scale, −128·Σq), packed from a8_pair rows with the tokens of a block side by side.
 #include <cstdint>
+#include <cstring>
 
 #include "clover/quant/q8_0.hpp"
 #include "clover/quant/q8_k.hpp"
@@ -51,6 +54,30 @@ inline void prep_a8_pair(const quant::block_q8_0* b0, const quant::block_q8_0* b
         for (int i = 0; i < 8; ++i) {
             o.d[8 * h + i] = d;
             o.corr[8 * h + i] = -16 * s;
+        }
+    }
+}
+
+struct a8_lane {
+    std::int8_t qs[32];
+    float d;
+    std::int32_t corr;  // −128·Σq
+};
+static_assert(sizeof(a8_lane) == 40);
+
+// Tokens [0, C) of a8_pair rows `stride` bytes apart into out[b·C + c] for the nb blocks: a block's
+// C tokens in 40·C consecutive bytes, so that k512::q8_0_lanes_tile reads them as one stream (its
+// 8 tokens of a8_pair rows were 48 KB of the L1 for K = 2048, beside the weights it streams).
+inline void pack_a8_lanes(const std::byte* a, std::size_t stride, int C, std::int64_t nb, a8_lane* out) {
+    for (int c = 0; c < C; ++c) {
+        const auto* row = reinterpret_cast<const a8_pair*>(a + std::size_t(c) * stride);
+        for (std::int64_t b = 0; b < nb; ++b) {
+            const a8_pair& p = row[b >> 1];
+            const int h = int(b & 1);
+            a8_lane& o = out[b * C + c];
+            std::memcpy(o.qs, p.qs + 32 * h, 32);
+            o.d = p.d[8 * h];
+            o.corr = p.corr[8 * h] * 8;
         }
     }
 }

@@ -124,9 +124,29 @@ inline constexpr int q8_0_lanes_row[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7,
 // pf (streaming, or null): the next 16 rows, 16·ws contiguous bytes, prefetched a block's share
 // (16 · 34 bytes) per block. Without it the 16 interleaved streams read 7 GB/s from DRAM
 // (bench_kernels batch8 fast: 53 GMAC/s, below the row tiles' 65).
-template <int C>
-void q8_0_lanes_tile_pf(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
-                        std::int64_t ldy, const std::byte* pf) {
+// The activations come in one of two layouts (Acts):
+//   lanes_packed — a[b·C + c] (pack_a8_lanes): for the streaming small batch, where 8 tokens of
+//                  a8_pair rows crowded the weights out of L1 (bench_kernels batch8 fast 89–104 ->
+//                  118–126 GMAC/s, one thread);
+//   lanes_rows   — the a8_pair rows themselves: for prefill, where packing each 8-token group
+//                  again for every 32-row chunk cost more than it saved (pp512 0.86x).
+struct lanes_packed {
+    const a8_lane* a;
+    std::int64_t C;
+    const std::int8_t* qs(std::int64_t b, int c) const { return a[b * C + c].qs; }
+    float d(std::int64_t b, int c) const { return a[b * C + c].d; }
+    std::int32_t corr(std::int64_t b, int c) const { return a[b * C + c].corr; }
+};
+struct lanes_rows {
+    const std::byte* a;
+    std::size_t stride;
+    const a8_pair& p(std::int64_t b, int c) const { return reinterpret_cast<const a8_pair*>(a + std::size_t(c) * stride)[b >> 1]; }
+    const std::int8_t* qs(std::int64_t b, int c) const { return p(b, c).qs + 32 * (b & 1); }
+    float d(std::int64_t b, int c) const { return p(b, c).d[8 * (b & 1)]; }
+    std::int32_t corr(std::int64_t b, int c) const { return p(b, c).corr[8 * (b & 1)] * 8; }
+};
+template <int C, class Acts>
+void q8_0_lanes_tile(const std::byte* w, std::size_t ws, Acts a, std::int64_t K, float* y, std::int64_t ldy, const std::byte* pf) {
     constexpr std::size_t bs = sizeof(quant::block_q8_0);  // 34: f16 d, then 32 codes
     const std::int64_t nb = K / 32;
     const __m512i lane_row = _mm512_loadu_si512(q8_0_lanes_row);
@@ -165,20 +185,25 @@ void q8_0_lanes_tile_pf(const std::byte* w, std::size_t ws, const std::byte* a, 
         const __m512i d16 = _mm512_i32gather_epi32(scale_off, w + std::size_t(b) * bs, 1);  // low half: the f16 d
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d16));
         for (int c = 0; c < C; ++c) {
-            const auto& ap = reinterpret_cast<const a8_pair*>(a + std::size_t(c) * as)[b >> 1];
-            const int h = int(b & 1);
-            const std::int32_t* qa = reinterpret_cast<const std::int32_t*>(ap.qs + 32 * h);
-            __m512i dot = _mm512_set1_epi32(ap.corr[8 * h] * 8);
-            for (int j = 0; j < 8; ++j) dot = _mm512_dpbusd_epi32(dot, wt[j], _mm512_set1_epi32(qa[j]));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(ap.d[8 * h])), acc[c]);
+            // broadcast loads of the activation's dwords (a copy to a local array first had the
+            // compiler store and reload them: pp512 0.89x)
+            const std::int8_t* qa = a.qs(b, c);
+            __m512i dot = _mm512_set1_epi32(a.corr(b, c));
+            for (int j = 0; j < 8; ++j) dot = _mm512_dpbusd_epi32(dot, wt[j], _mm512_broadcastd_epi32(_mm_loadu_si32(qa + 4 * j)));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(a.d(b, c))), acc[c]);
         }
     }
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(y + c * ldy, _mm512_permutexvar_ps(lane_row, acc[c]));
 }
 template <int C>
-void q8_0_lanes_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+void q8_0_lanes_packed(const std::byte* w, std::size_t ws, const a8_lane* a, std::int64_t K, float* y, std::int64_t ldy,
+                       const std::byte* pf) {
+    q8_0_lanes_tile<C>(w, ws, lanes_packed{a, C}, K, y, ldy, pf);
+}
+template <int C>
+void q8_0_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
                      std::int64_t ldy) {
-    q8_0_lanes_tile_pf<C>(w, ws, a, as, K, y, ldy, nullptr);
+    q8_0_lanes_tile<C>(w, ws, lanes_rows{a, as}, K, y, ldy, nullptr);
 }
 #endif
 

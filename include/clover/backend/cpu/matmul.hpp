@@ -105,9 +105,10 @@ struct kernel_set {
     stream_tile_fn stream[8] = {};
     // 16 weight rows × C = 1..8 tokens, not row-exact (k512::q8_0_lanes_tile): for batches that
     // are not row-exact, from lanes_from tokens on; null where the build has none.
-    using lanes_fn = void (*)(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
-                              std::int64_t ldy, const std::byte* prefetch_next);
+    using lanes_fn = void (*)(const std::byte* w, std::size_t ws, const a8_lane* a, std::int64_t K, float* y, std::int64_t ldy,
+                              const std::byte* prefetch_next);
     lanes_fn lanes16[8] = {};
+    tile_fn lanes16_rows[8] = {};  // the same on a8_pair rows (prefill: no packing per chunk)
     int lanes_from = 0;
     gemv2_fn gemv2 = nullptr;
     int gemm_r = 2, gemm_c = 4;
@@ -240,10 +241,14 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
                 fill_tiles<q8_0_512>(ks); fill_wide_tiles<q8_0_512>(ks); fill_stream_tiles<q8_0_512_pf>(ks);
                 ks.act = P::q8_0_pair; ks.gemm_r = 4;
 #if CLOVER_CPU_AVX512_VNNI
-                ks.lanes16[0] = k512::q8_0_lanes_tile_pf<1>; ks.lanes16[1] = k512::q8_0_lanes_tile_pf<2>;
-                ks.lanes16[2] = k512::q8_0_lanes_tile_pf<3>; ks.lanes16[3] = k512::q8_0_lanes_tile_pf<4>;
-                ks.lanes16[4] = k512::q8_0_lanes_tile_pf<5>; ks.lanes16[5] = k512::q8_0_lanes_tile_pf<6>;
-                ks.lanes16[6] = k512::q8_0_lanes_tile_pf<7>; ks.lanes16[7] = k512::q8_0_lanes_tile_pf<8>;
+                ks.lanes16[0] = k512::q8_0_lanes_packed<1>; ks.lanes16[1] = k512::q8_0_lanes_packed<2>;
+                ks.lanes16[2] = k512::q8_0_lanes_packed<3>; ks.lanes16[3] = k512::q8_0_lanes_packed<4>;
+                ks.lanes16[4] = k512::q8_0_lanes_packed<5>; ks.lanes16[5] = k512::q8_0_lanes_packed<6>;
+                ks.lanes16[6] = k512::q8_0_lanes_packed<7>; ks.lanes16[7] = k512::q8_0_lanes_packed<8>;
+                ks.lanes16_rows[0] = k512::q8_0_lanes_rows<1>; ks.lanes16_rows[1] = k512::q8_0_lanes_rows<2>;
+                ks.lanes16_rows[2] = k512::q8_0_lanes_rows<3>; ks.lanes16_rows[3] = k512::q8_0_lanes_rows<4>;
+                ks.lanes16_rows[4] = k512::q8_0_lanes_rows<5>; ks.lanes16_rows[5] = k512::q8_0_lanes_rows<6>;
+                ks.lanes16_rows[6] = k512::q8_0_lanes_rows<7>; ks.lanes16_rows[7] = k512::q8_0_lanes_rows<8>;
                 ks.lanes_from = 6;
 #endif
                 break;
@@ -425,19 +430,34 @@ inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_
 }
 
 // The fast form where it applies (ks.lanes16: a batch that need not be row-exact, at least
-// ks.lanes_from tokens): rows in groups of 16, tokens in groups of 8. Returns the first row it
-// left to the row-exact tiles (r1 when none).
+// ks.lanes_from tokens): rows in groups of 16, tokens in groups of 8. A small batch (decode
+// steps) packs its tokens once (a8_lane, on the stack: 40 KB at most, so K ≤ lanes_max_k);
+// prefill chunks read the a8_pair rows. Returns the first row it left to the row-exact tiles (r1
+// when none).
+inline constexpr std::int64_t lanes_max_k = 4096;  // packed (small batch): the widest input of the 35B-A3B model
 inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1, const act_view& a,
                                 std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
     if (!ks.lanes16[0] || t1 - t0 < ks.lanes_from || w.row_bytes * 15 > std::size_t(INT32_MAX)) return r0;
-    const std::int64_t end = r0 + (r1 - r0) / 16 * 16;
-    const bool streaming = t1 - t0 <= small_batch_tokens;  // the weights come from DRAM once
-    for (std::int64_t r = r0; r < end; r += 16)
-        for (std::int64_t t = t0; t < t1; t += 8) {
-            const int c = int(std::min<std::int64_t>(8, t1 - t));
-            const std::byte* next = streaming && r + 16 < end ? w.row(r + 16) : nullptr;
-            ks.lanes_tile(c)(w.row(r), w.row_bytes, a.row(t), a.stride, w.cols, y + t * ldy + r, ldy, next);
+    const std::int64_t end = r0 + (r1 - r0) / 16 * 16, nb = w.cols / 32;
+    if (t1 - t0 > small_batch_tokens) {  // prefill: the chunk's rows stay in L1/L2 across the token groups
+        for (std::int64_t r = r0; r < end; r += 16)
+            for (std::int64_t t = t0; t < t1; t += 8) {
+                const int c = int(std::min<std::int64_t>(8, t1 - t));
+                ks.lanes16_rows[c - 1](w.row(r), w.row_bytes, a.row(t), a.stride, w.cols, y + t * ldy + r, ldy);
+            }
+        return end;
+    }
+    if (w.cols > lanes_max_k) return r0;
+    // a small batch streams the weights from DRAM once: each group prefetches the next
+    alignas(64) a8_lane packed[8 * (lanes_max_k / 32)];
+    for (std::int64_t t = t0; t < t1; t += 8) {
+        const int c = int(std::min<std::int64_t>(8, t1 - t));
+        pack_a8_lanes(a.row(t), a.stride, c, nb, packed);
+        for (std::int64_t r = r0; r < end; r += 16) {
+            const std::byte* next = r + 16 < end ? w.row(r + 16) : nullptr;
+            ks.lanes_tile(c)(w.row(r), w.row_bytes, packed, w.cols, y + t * ldy + r, ldy, next);
         }
+    }
     return end;
 }
 
