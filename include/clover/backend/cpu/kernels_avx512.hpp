@@ -112,7 +112,7 @@ void q8_0_tile_pf(const std::byte* w, std::size_t ws, const std::byte* a, std::s
 // 64 MACs, which is what bounds 8 sequences decoding together on Q8_0 (bench_kernels batch8).
 // Here a block of 16 rows is transposed (lane l = dword j of row lane_row[l]), so one
 // vpdpbusd against a broadcast activation dword serves 16 rows, and the convert/scale/FMA
-// come once per (16 rows, token, block): 8 + 5 ops per 512 MACs, plus the transpose (16 loads,
+// come once per (16 rows, token, block): 8 + 4 ops per 512 MACs, plus the transpose (16 loads,
 // 24 shuffles) shared by the C tokens. The sum differs from the row tiles' lane order — each
 // block's exact int32 dot, then acc = fma(float(dot), d_w·d_a, acc) over the blocks in order,
 // which is the twin q8_0_blockwise_ref (and ggml's own per-block order) — so it runs only where
@@ -126,10 +126,11 @@ inline constexpr int q8_0_lanes_row[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7,
 // (bench_kernels batch8 fast: 53 GMAC/s, below the row tiles' 65).
 // The activations come in one of two layouts (Acts):
 //   lanes_packed — a[b·C + c] (pack_a8_lanes): for the streaming small batch, where 8 tokens of
-//                  a8_pair rows crowded the weights out of L1 (bench_kernels batch8 fast 89–104 ->
-//                  118–126 GMAC/s, one thread);
-//   lanes_rows   — the a8_pair rows themselves: for prefill, where packing each 8-token group
-//                  again for every 32-row chunk cost more than it saved (pp512 0.86x).
+//                  a8_pair rows (48 KB at K = 2048) crowded the weights out of L1 (bench_kernels
+//                  batch8 fast, three alternating runs, one thread: 74–106 -> 89–145 GMAC/s);
+//   lanes_rows   — the a8_pair rows themselves: for prefill, whose 32-row chunks would pack each
+//                  8-token group for only two 16-row groups (pp512 is unchanged against reading
+//                  the rows everywhere, within noise).
 struct lanes_packed {
     const a8_lane* a;
     std::int64_t C;
