@@ -95,7 +95,7 @@ TEST_CASE("a prefill long enough to split the GDN conv by channels equals its ro
     rt_model m(load(path), {2});
     // Rows enough that the CPU backend's gdn_conv splits the segment's channels across threads
     // (a row at a time never does): a wrong channel range or ring update shows in every later row.
-    const std::int64_t C = 2 * spec.ssm_n_group * spec.ssm_d_state + spec.ssm_d_inner;
+    const std::int64_t C = m.hp().gdn_conv_channels();
     const std::int64_t n = backend::cpu_detail::gdn_conv_split_min / C + 3;
     REQUIRE(n * C >= backend::cpu_detail::gdn_conv_split_min);
     // Then a few rows more in both sessions: they read the conv ring that the split pass left.
