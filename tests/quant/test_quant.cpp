@@ -330,7 +330,7 @@ TEST_CASE("the fast Q8_0 lanes tiles (16 rows x 1..8 tokens, packed or a8_pair r
                     cd::pack_a8_lanes(ap, stride, C, K / 32, packed.data());
                     ks.lanes_tile(C)(m.w.row(r0), m.w.row_bytes, packed.data(), K, y, 16, pf ? m.w.row(16) : nullptr);
                     float yr[8 * 16];  // the prefill form, on the a8_pair rows
-                    ks.lanes16_rows[C - 1](m.w.row(r0), m.w.row_bytes, ap, stride, K, yr, 16);
+                    ks.lanes_rows_tile(C)(m.w.row(r0), m.w.row_bytes, ap, stride, K, yr, 16);
                     int bad = 0;
                     for (int c = 0; c < C; ++c)
                         for (int r = 0; r < 16; ++r) bad += !same(y[c * 16 + r], twin(r0 + r, c)) + !same(yr[c * 16 + r], twin(r0 + r, c));

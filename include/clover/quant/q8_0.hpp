@@ -36,14 +36,17 @@ inline void dequantize_row_q8_0(const block_q8_0* x, float* y, std::int64_t n) {
     }
 }
 
+// The exact integer dot product of one block pair's codes (scales not applied).
+inline std::int32_t block_dot_q8_0(const block_q8_0& a, const block_q8_0& b) {
+    std::int32_t s = 0;
+    for (int i = 0; i < 32; ++i) s += std::int32_t(a.qs[i]) * std::int32_t(b.qs[i]);
+    return s;
+}
+
 // Reference dot product of two Q8_0 rows of n elements: integer sums per block, then scaled.
 inline float vec_dot_q8_0_ref(const block_q8_0* a, const block_q8_0* b, std::int64_t n) {
     float sum = 0;
-    for (std::int64_t k = 0; k < n / 32; ++k) {
-        int s = 0;
-        for (int i = 0; i < 32; ++i) s += int(a[k].qs[i]) * int(b[k].qs[i]);
-        sum += float(s) * (f16_to_f32(a[k].d) * f16_to_f32(b[k].d));
-    }
+    for (std::int64_t k = 0; k < n / 32; ++k) sum += float(block_dot_q8_0(a[k], b[k])) * (f16_to_f32(a[k].d) * f16_to_f32(b[k].d));
     return sum;
 }
 

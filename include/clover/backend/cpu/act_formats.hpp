@@ -58,6 +58,20 @@ inline void prep_a8_pair(const quant::block_q8_0* b0, const quant::block_q8_0* b
     }
 }
 
+// Block b of an a8_pair row seen as one Q8_0 block: its 32 codes, its scale and −128·Σq (the
+// 8 lanes' corrections of its half, summed). The one place that knows where a block sits in the
+// pair layout: pack_a8_lanes and the fast form's reads of a8_pair rows (k512::lanes_rows) use it.
+struct a8_block_view {
+    const std::int8_t* qs;
+    float d;
+    std::int32_t corr;
+};
+inline a8_block_view a8_pair_block(const a8_pair* row, std::int64_t b) {
+    const a8_pair& p = row[b >> 1];
+    const int h = int(b & 1);
+    return {p.qs + 32 * h, p.d[8 * h], p.corr[8 * h] * 8};
+}
+
 struct a8_lane {
     std::int8_t qs[32];
     float d;
@@ -72,12 +86,11 @@ inline void pack_a8_lanes(const std::byte* a, std::size_t stride, int C, std::in
     for (int c = 0; c < C; ++c) {
         const auto* row = reinterpret_cast<const a8_pair*>(a + std::size_t(c) * stride);
         for (std::int64_t b = 0; b < nb; ++b) {
-            const a8_pair& p = row[b >> 1];
-            const int h = int(b & 1);
+            const a8_block_view v = a8_pair_block(row, b);
             a8_lane& o = out[b * C + c];
-            std::memcpy(o.qs, p.qs + 32 * h, 32);
-            o.d = p.d[8 * h];
-            o.corr = p.corr[8 * h] * 8;
+            std::memcpy(o.qs, v.qs, 32);
+            o.d = v.d;
+            o.corr = v.corr;
         }
     }
 }

@@ -141,10 +141,10 @@ struct lanes_packed {
 struct lanes_rows {
     const std::byte* a;
     std::size_t stride;
-    const a8_pair& p(std::int64_t b, int c) const { return reinterpret_cast<const a8_pair*>(a + std::size_t(c) * stride)[b >> 1]; }
-    const std::int8_t* qs(std::int64_t b, int c) const { return p(b, c).qs + 32 * (b & 1); }
-    float d(std::int64_t b, int c) const { return p(b, c).d[8 * (b & 1)]; }
-    std::int32_t corr(std::int64_t b, int c) const { return p(b, c).corr[8 * (b & 1)] * 8; }
+    a8_block_view v(std::int64_t b, int c) const { return a8_pair_block(reinterpret_cast<const a8_pair*>(a + std::size_t(c) * stride), b); }
+    const std::int8_t* qs(std::int64_t b, int c) const { return v(b, c).qs; }
+    float d(std::int64_t b, int c) const { return v(b, c).d; }
+    std::int32_t corr(std::int64_t b, int c) const { return v(b, c).corr; }
 };
 template <int C, class Acts>
 void q8_0_lanes_tile(const std::byte* w, std::size_t ws, Acts a, std::int64_t K, float* y, std::int64_t ldy, const std::byte* pf) {

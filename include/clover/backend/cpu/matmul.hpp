@@ -65,19 +65,16 @@ void ref_tile(const std::byte* w, std::size_t ws, const std::byte* a, std::size_
         for (int r = 0; r < R; ++r) y[c * ldy + r] = quant::vec_dot_ref(T, w + std::size_t(r) * ws, a + std::size_t(c) * as, K);
 }
 
-// Scalar twin of k512::q8_0_lanes_tile (the fast Q8_0 product of several tokens): per block the
-// exact int32 dot, then acc = fma(float(dot), d_w·d_a, acc) over the blocks in order. a: standard
-// Q8_0 blocks (quant::quantize_row_q8_0).
+// Scalar twin of k512::q8_0_lanes_tile (the fast Q8_0 product of several tokens). It differs
+// from quant::vec_dot_q8_0_ref only in the last step of each block: the block's exact int32 dot
+// enters the sum through one fused multiply-add, acc = fma(float(dot), d_w·d_a, acc), over the
+// blocks in order. a: standard Q8_0 blocks (quant::quantize_row_q8_0).
 inline float q8_0_blockwise_ref(const std::byte* w, const std::byte* a, std::int64_t K) {
     const auto* wb = reinterpret_cast<const quant::block_q8_0*>(w);
     const auto* ab = reinterpret_cast<const quant::block_q8_0*>(a);
     float acc = 0.f;
-    for (std::int64_t b = 0; b < K / 32; ++b) {
-        std::int32_t dot = 0;
-        for (int i = 0; i < 32; ++i) dot += std::int32_t(wb[b].qs[i]) * std::int32_t(ab[b].qs[i]);
-        const float d = quant::f16_to_f32(wb[b].d) * quant::f16_to_f32(ab[b].d);
-        acc = std::fma(float(dot), d, acc);
-    }
+    for (std::int64_t b = 0; b < K / 32; ++b)
+        acc = std::fma(float(quant::block_dot_q8_0(wb[b], ab[b])), quant::f16_to_f32(wb[b].d) * quant::f16_to_f32(ab[b].d), acc);
     return acc;
 }
 
@@ -117,6 +114,7 @@ struct kernel_set {
     tile_fn wide_tile(int C) const { return C >= 5 && C <= 8 ? wide[C - 5] : nullptr; }
     stream_tile_fn stream_tile(int C) const { return C >= 1 && C <= 8 ? stream[C - 1] : nullptr; }
     lanes_fn lanes_tile(int C) const { return C >= 1 && C <= 8 ? lanes16[C - 1] : nullptr; }
+    tile_fn lanes_rows_tile(int C) const { return C >= 1 && C <= 8 ? lanes16_rows[C - 1] : nullptr; }
 };
 
 template <template <int, int> class K>
@@ -429,27 +427,16 @@ inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_
         }
 }
 
-// The fast form where it applies (ks.lanes16: a batch that need not be row-exact, at least
-// ks.lanes_from tokens): rows in groups of 16, tokens in groups of 8. A small batch (decode
-// steps) packs its tokens once (a8_lane, on the stack: 40 KB at most, so K ≤ lanes_max_k);
-// prefill chunks read the a8_pair rows. Returns the first row it left to the row-exact tiles (r1
-// when none).
-inline constexpr std::int64_t lanes_max_k = 4096;  // packed (small batch): the widest input of the 35B-A3B model
-inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1, const act_view& a,
-                                std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
-    if (!ks.lanes16[0] || t1 - t0 < ks.lanes_from || w.row_bytes * 15 > std::size_t(INT32_MAX)) return r0;
-    const std::int64_t end = r0 + (r1 - r0) / 16 * 16, nb = w.cols / 32;
-    if (t1 - t0 > small_batch_tokens) {  // prefill: the chunk's rows stay in L1/L2 across the token groups
-        for (std::int64_t r = r0; r < end; r += 16)
-            for (std::int64_t t = t0; t < t1; t += 8) {
-                const int c = int(std::min<std::int64_t>(8, t1 - t));
-                ks.lanes16_rows[c - 1](w.row(r), w.row_bytes, a.row(t), a.stride, w.cols, y + t * ldy + r, ldy);
-            }
-        return end;
-    }
-    if (w.cols > lanes_max_k) return r0;
-    // a small batch streams the weights from DRAM once: each group prefetches the next
-    alignas(64) a8_lane packed[8 * (lanes_max_k / 32)];
+// The fast form's small batch (decode steps: at most small_batch_tokens tokens), rows
+// [r0, end) with end − r0 a multiple of 16: the tokens are packed once (a8_lane) and each 16-row
+// group prefetches the next while it computes, since the weights stream from DRAM once. Out of
+// line, so that its 40 KB buffer is on the stack only while it runs, not in the frame of every
+// gemm_block call it would otherwise be inlined into (one-row decode products included).
+inline constexpr std::int64_t lanes_max_k = 4096;  // packed: the widest input of the 35B-A3B model
+[[gnu::noinline]] inline void lanes_small_batch(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t end,
+                                                const act_view& a, std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
+    alignas(64) a8_lane packed[small_batch_tokens * (lanes_max_k / 32)];
+    const std::int64_t nb = w.cols / 32;
     for (std::int64_t t = t0; t < t1; t += 8) {
         const int c = int(std::min<std::int64_t>(8, t1 - t));
         pack_a8_lanes(a.row(t), a.stride, c, nb, packed);
@@ -458,6 +445,26 @@ inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int6
             ks.lanes_tile(c)(w.row(r), w.row_bytes, packed, w.cols, y + t * ldy + r, ldy, next);
         }
     }
+}
+
+// The fast form where it applies (ks.lanes16: a batch that need not be row-exact, at least
+// ks.lanes_from tokens): rows in groups of 16, tokens in groups of 8. Prefill chunks read the
+// a8_pair rows; a small batch packs them (lanes_small_batch, K ≤ lanes_max_k). Returns the first
+// row it left to the row-exact tiles (r1 when none).
+inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1, const act_view& a,
+                                std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
+    if (!ks.lanes_tile(1) || t1 - t0 < ks.lanes_from || w.row_bytes * 15 > std::size_t(INT32_MAX)) return r0;
+    const std::int64_t end = r0 + (r1 - r0) / 16 * 16;
+    if (t1 - t0 > small_batch_tokens) {  // prefill: the chunk's rows stay in L1/L2 across the token groups
+        for (std::int64_t r = r0; r < end; r += 16)
+            for (std::int64_t t = t0; t < t1; t += 8) {
+                const int c = int(std::min<std::int64_t>(8, t1 - t));
+                ks.lanes_rows_tile(c)(w.row(r), w.row_bytes, a.row(t), a.stride, w.cols, y + t * ldy + r, ldy);
+            }
+        return end;
+    }
+    if (w.cols > lanes_max_k) return r0;
+    lanes_small_batch(ks, w, r0, end, a, t0, t1, y, ldy);
     return end;
 }
 
