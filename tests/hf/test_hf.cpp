@@ -48,8 +48,9 @@ std::string show(const io::gguf_value& v) {
     std::string s(io::gguf_type_name(v.type));
     if (v.type == io::gguf_type::array) s += std::string("/") + std::string(io::gguf_type_name(v.elem));
     s += ":" + v.s + ":" + std::to_string(v.i) + ":" + std::to_string(v.f);
-    for (auto x : v.ints) s += "," + std::to_string(x);
-    for (auto x : v.floats) s += "," + std::to_string(x);
+    // appended piece by piece: GCC 12's -Wrestrict misreads "," + std::string&&
+    for (auto x : v.ints) (s += ',') += std::to_string(x);
+    for (auto x : v.floats) (s += ',') += std::to_string(x);
     for (const auto& x : v.strs) s += "," + x;
     return s;
 }

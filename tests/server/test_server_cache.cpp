@@ -12,7 +12,11 @@ namespace {
 
 std::string words(int k, int n) {
     std::string s;
-    for (int i = 0; i < n; ++i) s += "w" + std::to_string((k * 131 + i * 7) % 97) + " ";
+    for (int i = 0; i < n; ++i) {  // appended piece by piece: GCC 12's -Wrestrict misreads "w" + std::string&&
+        s += 'w';
+        s += std::to_string((k * 131 + i * 7) % 97);
+        s += ' ';
+    }
     return s;
 }
 
