@@ -280,7 +280,10 @@ int main(int argc, char** argv) {
         sd = ts.size() > 1 ? std::sqrt(sd / double(ts.size() - 1)) : 0.0;
         if (o.json) {
             std::string samples;
-            for (std::size_t i = 0; i < ts.size(); ++i) samples += (i ? "," : "") + std::to_string(ts[i]);
+            for (std::size_t i = 0; i < ts.size(); ++i) {
+                if (i) samples += ',';
+                samples += std::to_string(ts[i]);
+            }
             std::printf("{\"engine\":\"llama.cpp\",\"build\":\"v0.5.0\",\"cpu_variant\":\"%s\",\"model\":\"%s\",\"size_gib\":%.3f,"
                         "\"params_b\":%.3f,\"threads\":%d,\"poll\":%d,\"repack\":%s,\"test\":\"%s\",\"n_prompt\":%d,\"n_gen\":%d,"
                         "\"avg_ts\":%.4f,\"stddev_ts\":%.4f,\"samples_ts\":[%s],\"tokens_per_pass\":%d,\"load_s\":%.3f,\"parallel\":%d}\n",

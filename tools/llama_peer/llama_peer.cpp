@@ -218,7 +218,8 @@ int main(int argc, char ** argv) {
         std::string line;
         llama_token tok = argmax(llama_get_logits_ith(ctx, n_ids - 1), n_vocab);
         for (int g = 0; g < o.gen; ++g) {
-            line += (g ? "," : "") + std::to_string(tok);
+            if (g) line += ',';
+            line += std::to_string(tok);
             if (g + 1 == o.gen) break;
             batch.n_tokens = 1;
             batch.token[0] = tok;
