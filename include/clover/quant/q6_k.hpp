@@ -69,17 +69,21 @@ inline void dequantize_row_q6_k(const block_q6_k* x, float* y, std::int64_t n) {
     }
 }
 
+// The exact integer dot product of one super-block pair, Σ sc[g]·(q − 32)·a (the scales d not
+// applied; |result| < 2^28, so any order of summation gives the same int32).
+inline std::int32_t block_dot_q6_k(const block_q6_k& w, const block_q8_k& a) {
+    std::int32_t isum = 0;
+    for (int g = 0; g < 16; ++g) {
+        std::int32_t dot = 0;
+        for (int i = 0; i < 16; ++i) dot += (q6_k_code(w, 16 * g + i) - 32) * std::int32_t(a.qs[16 * g + i]);
+        isum += std::int32_t(w.scales[g]) * dot;
+    }
+    return isum;
+}
+
 inline float vec_dot_q6_k_ref(const block_q6_k* w, const block_q8_k* a, std::int64_t n) {
     float sum = 0.f;
-    for (std::int64_t b = 0; b < n / qk_k; ++b) {
-        int isum = 0;
-        for (int g = 0; g < 16; ++g) {
-            int dot = 0;
-            for (int i = 0; i < 16; ++i) dot += (q6_k_code(w[b], 16 * g + i) - 32) * int(a[b].qs[16 * g + i]);
-            isum += int(w[b].scales[g]) * dot;
-        }
-        sum += a[b].d * f16_to_f32(w[b].d) * float(isum);
-    }
+    for (std::int64_t b = 0; b < n / qk_k; ++b) sum += a[b].d * f16_to_f32(w[b].d) * float(block_dot_q6_k(w[b], a[b]));
     return sum;
 }
 

@@ -131,6 +131,32 @@ inline constexpr int q8_0_lanes_row[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7,
 //   lanes_rows   — the a8_pair rows themselves: for prefill, whose 32-row chunks would pack each
 //                  8-token group for only two 16-row groups (pp512 is unchanged against reading
 //                  the rows everywhere, within noise).
+// 32 bytes of each of 16 rows (row r at q + r·stride) transposed into dwords: wt[j] lane l =
+// dword j of row q8_0_lanes_row[l]. Rows r and r + 8 share a register ([row r | row r + 8]), then an
+// 8 × 8 dword transpose per 256-bit half: 16 loads and 24 shuffles.
+inline void transpose16x32(const std::byte* q, std::size_t stride, __m512i (&wt)[8]) {
+    __m512i z[8];
+    for (int r = 0; r < 8; ++r)
+        z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + std::size_t(r) * stride))),
+                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + std::size_t(r + 8) * stride)), 1);
+    __m512i t[8], u[8];
+    for (int g = 0; g < 2; ++g) {  // rows 4g .. 4g + 3 of each half
+        const __m512i* zz = z + 4 * g;
+        t[4 * g + 0] = _mm512_unpacklo_epi32(zz[0], zz[1]);
+        t[4 * g + 1] = _mm512_unpackhi_epi32(zz[0], zz[1]);
+        t[4 * g + 2] = _mm512_unpacklo_epi32(zz[2], zz[3]);
+        t[4 * g + 3] = _mm512_unpackhi_epi32(zz[2], zz[3]);
+        u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g + 0], t[4 * g + 2]);  // dword 0 (or 4) of the 4 rows
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g + 0], t[4 * g + 2]);  // dword 1 (or 5)
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);  // dword 2 (or 6)
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);  // dword 3 (or 7)
+    }
+    for (int j = 0; j < 4; ++j) {  // 128-bit lanes: [rows 0–3 | 8–11 | 4–7 | 12–15]
+        wt[j] = _mm512_shuffle_i32x4(u[j], u[j + 4], 0x88);
+        wt[j + 4] = _mm512_shuffle_i32x4(u[j], u[j + 4], 0xdd);
+    }
+}
+
 struct lanes_packed {
     const a8_lane* a;
     std::int64_t C;
@@ -161,28 +187,9 @@ void q8_0_lanes_tile(const std::byte* w, std::size_t ws, Acts a, std::int64_t K,
             for (std::size_t o = step & ~std::size_t(63); o < step + 16 * bs; o += 64)
                 __builtin_prefetch(reinterpret_cast<const char*>(pf) + o, 0, 3);
         }
-        const std::byte* q = w + std::size_t(b) * bs + 2;  // row 0's codes of block b
-        // [row r (8 dwords) | row r + 8] for r < 8, then an 8 × 8 dword transpose per half
-        __m512i z[8];
-        for (int r = 0; r < 8; ++r)
-            z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + std::size_t(r) * ws))),
-                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + std::size_t(r + 8) * ws)), 1);
-        __m512i t[8], u[8], wt[8];
-        for (int g = 0; g < 2; ++g) {  // rows 4g .. 4g + 3 of each half
-            const __m512i* zz = z + 4 * g;
-            t[4 * g + 0] = _mm512_unpacklo_epi32(zz[0], zz[1]);
-            t[4 * g + 1] = _mm512_unpackhi_epi32(zz[0], zz[1]);
-            t[4 * g + 2] = _mm512_unpacklo_epi32(zz[2], zz[3]);
-            t[4 * g + 3] = _mm512_unpackhi_epi32(zz[2], zz[3]);
-            u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g + 0], t[4 * g + 2]);  // dword 0 (or 4) of the 4 rows
-            u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g + 0], t[4 * g + 2]);  // dword 1 (or 5)
-            u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);  // dword 2 (or 6)
-            u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);  // dword 3 (or 7)
-        }
-        for (int j = 0; j < 4; ++j) {  // 128-bit lanes: [rows 0–3 | 8–11 | 4–7 | 12–15]
-            wt[j] = _mm512_xor_si512(_mm512_shuffle_i32x4(u[j], u[j + 4], 0x88), flip);
-            wt[j + 4] = _mm512_xor_si512(_mm512_shuffle_i32x4(u[j], u[j + 4], 0xdd), flip);
-        }
+        __m512i wt[8];
+        transpose16x32(w + std::size_t(b) * bs + 2, ws, wt);  // row 0's codes of block b
+        for (int j = 0; j < 8; ++j) wt[j] = _mm512_xor_si512(wt[j], flip);
         const __m512i d16 = _mm512_i32gather_epi32(scale_off, w + std::size_t(b) * bs, 1);  // low half: the f16 d
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d16));
         for (int c = 0; c < C; ++c) {
@@ -203,8 +210,99 @@ void q8_0_lanes_packed(const std::byte* w, std::size_t ws, const a8_lane* a, std
 }
 template <int C>
 void q8_0_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
-                     std::int64_t ldy) {
-    q8_0_lanes_tile<C>(w, ws, lanes_rows{a, as}, K, y, ldy, nullptr);
+                     std::int64_t ldy, const std::byte* pf) {
+    q8_0_lanes_tile<C>(w, ws, lanes_rows{a, as}, K, y, ldy, pf);
+}
+
+// ---------------------------------------------------------------- Q6_K, 16 weight rows in the lanes
+// The fast (not row-exact) Q6_K product of several tokens, on a8k_block rows: 16 weight rows ×
+// C ≤ 8 tokens, y[c·ldy + r] for r < 16. The row tiles pay two multiply instructions per 64
+// multiply-adds and (row, token) (vpmaddubsw, then vpdpwssd with the 16-value scales). Here a
+// super-block of 16 rows is unpacked to bytes (u, 4 KB on the stack) and transposed 32 values at
+// a time (transpose16x32), so one vpdpbusd against a broadcast activation dword feeds 16 rows;
+// each 16-value sub-block then takes one vpmulld by its 16 rows' scales: 5 multiplies per 256
+// multiply-adds instead of 8. The −32 offset is one vpdpwssd per scale pair and token against
+// the activation's 16-sums. The super-block's int32 Σ sc·(q − 32)·a is exact in any order (the
+// same integer the row tiles form); the float sum is acc = fma(float(isum), d_w·d_a, acc) per
+// super-block in order — the twin q6_k_blockwise_ref, not the row tiles' lane order — so, as
+// the Q8_0 form, it runs only where a batch need not be row-exact. pf (streaming, or null): the
+// next 16 rows (16·ws contiguous bytes), a super-block's share prefetched per super-block.
+// Measured on a 2-core Zen 5 VM against the row tiles (79ee210), one thread, two alternating
+// runs of bench_kernels: gemm fast 155–174 vs 140–144 GMAC/s (prefill: +15–20%); batch8 fast
+// 121–126 vs 117–124 (the streaming small batch: both at the ~120 that Q8_0's form also reaches
+// there, so no gain). clover bench on the 8-layer Q4_K_M file, 2 threads, seven alternating
+// rounds: pp512 median 295 vs 288 t/s, tg64x8 135 vs 131 — both within that day's noise.
+template <int C>
+void q6_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+                     std::int64_t ldy, const std::byte* pf) {
+    constexpr std::size_t bs = sizeof(quant::block_q6_k);  // 210: ql[128], qh[64], scales[16], f16 d
+    const std::int64_t nsb = K / 256;
+    const __m512i lane_row = _mm512_loadu_si512(q8_0_lanes_row);
+    // the gather reads the dword at 206 (scales[14..15], d) so that it stays inside the block
+    const __m512i d_off = _mm512_add_epi32(_mm512_mullo_epi32(lane_row, _mm512_set1_epi32(int(ws))), _mm512_set1_epi32(206));
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);  // as q6_k_tile_body
+    const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    alignas(64) std::uint8_t u[16][256];   // the 16 rows' codes (0..63) of one super-block
+    alignas(64) std::int16_t s16[16][16];  // their scales
+    alignas(64) std::int32_t sc[16][16];   // [sub-block][lane]: the scale of the lane's row
+    __m512 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+    for (std::int64_t b = 0; b < nsb; ++b) {
+        if (pf) {
+            const std::size_t step = 16 * bs * std::size_t(b);
+            for (std::size_t o = step & ~std::size_t(63); o < step + 16 * bs; o += 64)
+                __builtin_prefetch(reinterpret_cast<const char*>(pf) + o, 0, 3);
+        }
+        for (int r = 0; r < 16; ++r) {
+            const auto* blk = reinterpret_cast<const quant::block_q6_k*>(w + std::size_t(r) * ws) + b;
+            for (int g = 0; g < 4; ++g) {  // values 64g .. 64g + 63: half g/2, nibble g%2
+                const int h = g / 2;
+                const __m512i ql = _mm512_loadu_si512(blk->ql + 64 * h);
+                const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + 32 * h)));
+                const __m512i lo = (g & 1) ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4) : _mm512_and_si512(ql, m4);
+                const __m512i hb = (g & 1) ? _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30)
+                                           : _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
+                _mm512_store_si512(u[r] + 64 * g, _mm512_or_si512(lo, hb));
+            }
+            _mm256_store_si256(reinterpret_cast<__m256i*>(s16[r]),
+                               _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->scales))));
+        }
+        __m512i sp[8];  // lane l, dword i: the scales 2i and 2i + 1 of the lane's row, as int16
+        transpose16x32(reinterpret_cast<const std::byte*>(s16), 32, sp);
+        for (int i = 0; i < 8; ++i) {
+            _mm512_store_si512(sc[2 * i], _mm512_srai_epi32(_mm512_slli_epi32(sp[i], 16), 16));
+            _mm512_store_si512(sc[2 * i + 1], _mm512_srai_epi32(sp[i], 16));
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+            _mm512_srli_epi32(_mm512_i32gather_epi32(d_off, w + std::size_t(b) * bs, 1), 16)));
+        const a8k_block* ab[C];
+        __m512i isum[C];
+        for (int c = 0; c < C; ++c) {  // −32·Σ sc·(16-sum of a)
+            ab[c] = reinterpret_cast<const a8k_block*>(a + std::size_t(c) * as) + b;
+            __m512i corr = _mm512_setzero_si512();
+            for (int i = 0; i < 8; ++i)
+                corr = _mm512_dpwssd_epi32(corr, sp[i], _mm512_broadcastd_epi32(_mm_loadu_si32(ab[c]->bsums + 2 * i)));
+            isum[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(corr, 5));
+        }
+        for (int k = 0; k < 8; ++k) {  // values 32k .. 32k + 31: sub-blocks 2k and 2k + 1
+            __m512i wt[8];
+            transpose16x32(reinterpret_cast<const std::byte*>(u[0] + 32 * k), 256, wt);
+            const __m512i sc0 = _mm512_load_si512(sc[2 * k]), sc1 = _mm512_load_si512(sc[2 * k + 1]);
+            for (int c = 0; c < C; ++c) {
+                const std::int8_t* qa = ab[c]->qs + 32 * k;
+                __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+                for (int j = 0; j < 4; ++j) {
+                    d0 = _mm512_dpbusd_epi32(d0, wt[j], _mm512_broadcastd_epi32(_mm_loadu_si32(qa + 4 * j)));
+                    d1 = _mm512_dpbusd_epi32(d1, wt[j + 4], _mm512_broadcastd_epi32(_mm_loadu_si32(qa + 16 + 4 * j)));
+                }
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(d0, sc0), _mm512_mullo_epi32(d1, sc1)));
+            }
+        }
+        for (int c = 0; c < C; ++c)
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, _mm512_set1_ps(ab[c]->d)), acc[c]);
+    }
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(y + c * ldy, _mm512_permutexvar_ps(lane_row, acc[c]));
 }
 #endif
 

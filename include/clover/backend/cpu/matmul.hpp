@@ -78,6 +78,18 @@ inline float q8_0_blockwise_ref(const std::byte* w, const std::byte* a, std::int
     return acc;
 }
 
+// Scalar twin of k512::q6_k_lanes_rows: per super-block the exact int32 Σ sc·(q − 32)·a, then
+// acc = fma(float(isum), d_w·d_a, acc) over the super-blocks in order (quant::vec_dot_q6_k_ref
+// adds float(isum)·d_a·d_w instead). a: standard Q8_K blocks (quant::quantize_row_q8_k).
+inline float q6_k_blockwise_ref(const std::byte* w, const std::byte* a, std::int64_t K) {
+    const auto* wb = reinterpret_cast<const quant::block_q6_k*>(w);
+    const auto* ab = reinterpret_cast<const quant::block_q8_k*>(a);
+    float acc = 0.f;
+    for (std::int64_t b = 0; b < K / 256; ++b)
+        acc = std::fma(float(quant::block_dot_q6_k(wb[b], ab[b])), quant::f16_to_f32(wb[b].d) * ab[b].d, acc);
+    return acc;
+}
+
 // How one weight type is computed with this build's ISA.
 // Decode loop: rows w + i·ws and w + i·ws + stream_off for i < n, one activation row; outputs
 // y0[i] and y1[i]. The 2 × 1 tile is inlined into the loop (no call and reduction barrier per
@@ -100,12 +112,16 @@ struct kernel_set {
     // R = 2 × C = 1..8 (C > 4 where `wide`) with the next row pair's prefetch spread over the
     // super-block loop; null where the build has none (the driver then prefetches in one burst).
     stream_tile_fn stream[8] = {};
-    // 16 weight rows × C = 1..8 tokens, not row-exact (k512::q8_0_lanes_tile): for batches that
-    // are not row-exact, from lanes_from tokens on; null where the build has none.
+    // 16 weight rows × C = 1..8 tokens, not row-exact (k512::q8_0_lanes_tile, q6_k_lanes_rows):
+    // for batches that are not row-exact, from lanes_from tokens on; null where the build has
+    // none. lanes16_rows read the prepared activation rows; lanes16 (Q8_0 only) reads tokens
+    // packed per block (a8_lane), which the small batch uses where the set has it.
     using lanes_fn = void (*)(const std::byte* w, std::size_t ws, const a8_lane* a, std::int64_t K, float* y, std::int64_t ldy,
                               const std::byte* prefetch_next);
+    using lanes_rows_fn = void (*)(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+                                   std::int64_t ldy, const std::byte* prefetch_next);
     lanes_fn lanes16[8] = {};
-    tile_fn lanes16_rows[8] = {};  // the same on a8_pair rows (prefill: no packing per chunk)
+    lanes_rows_fn lanes16_rows[8] = {};
     int lanes_from = 0;
     gemv2_fn gemv2 = nullptr;
     int gemm_r = 2, gemm_c = 4;
@@ -114,7 +130,7 @@ struct kernel_set {
     tile_fn wide_tile(int C) const { return C >= 5 && C <= 8 ? wide[C - 5] : nullptr; }
     stream_tile_fn stream_tile(int C) const { return C >= 1 && C <= 8 ? stream[C - 1] : nullptr; }
     lanes_fn lanes_tile(int C) const { return C >= 1 && C <= 8 ? lanes16[C - 1] : nullptr; }
-    tile_fn lanes_rows_tile(int C) const { return C >= 1 && C <= 8 ? lanes16_rows[C - 1] : nullptr; }
+    lanes_rows_fn lanes_rows_tile(int C) const { return C >= 1 && C <= 8 ? lanes16_rows[C - 1] : nullptr; }
 };
 
 template <template <int, int> class K>
@@ -252,7 +268,16 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
                 break;
             case dtype::q4_k: fill_tiles<q4_k_512>(ks); fill_stream_tiles<q4_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
             case dtype::q5_k: fill_tiles<q5_k_512>(ks); fill_stream_tiles<q5_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
-            case dtype::q6_k: fill_tiles<q6_k_512>(ks); fill_stream_tiles<q6_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
+            case dtype::q6_k:
+                fill_tiles<q6_k_512>(ks); fill_stream_tiles<q6_k_512_pf>(ks); ks.act = P::q8_k_ext;
+#if CLOVER_CPU_AVX512_VNNI
+                ks.lanes16_rows[0] = k512::q6_k_lanes_rows<1>; ks.lanes16_rows[1] = k512::q6_k_lanes_rows<2>;
+                ks.lanes16_rows[2] = k512::q6_k_lanes_rows<3>; ks.lanes16_rows[3] = k512::q6_k_lanes_rows<4>;
+                ks.lanes16_rows[4] = k512::q6_k_lanes_rows<5>; ks.lanes16_rows[5] = k512::q6_k_lanes_rows<6>;
+                ks.lanes16_rows[6] = k512::q6_k_lanes_rows<7>; ks.lanes16_rows[7] = k512::q6_k_lanes_rows<8>;
+                ks.lanes_from = 6;
+#endif
+                break;
 #elif CLOVER_CPU_AVX2
             case dtype::q8_0: fill_tiles<q8_0_256>(ks); ks.act = P::q8_0_std; break;
             case dtype::q4_k: fill_tiles<q4_k_256>(ks); ks.act = P::q8_k_ext; break;
@@ -453,18 +478,27 @@ inline constexpr std::int64_t lanes_max_k = 4096;  // packed: the widest input o
 // row it left to the row-exact tiles (r1 when none).
 inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1, const act_view& a,
                                 std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
-    if (!ks.lanes_tile(1) || t1 - t0 < ks.lanes_from || w.row_bytes * 15 > std::size_t(INT32_MAX)) return r0;
+    // (the kernels gather each row's scale at lane_row · row_bytes + < 256: an int32 offset)
+    if (!ks.lanes_rows_tile(1) || t1 - t0 < ks.lanes_from || w.row_bytes * 16 > std::size_t(INT32_MAX)) return r0;
     const std::int64_t end = r0 + (r1 - r0) / 16 * 16;
     if (t1 - t0 > small_batch_tokens) {  // prefill: the chunk's rows stay in L1/L2 across the token groups
         for (std::int64_t r = r0; r < end; r += 16)
             for (std::int64_t t = t0; t < t1; t += 8) {
                 const int c = int(std::min<std::int64_t>(8, t1 - t));
-                ks.lanes_rows_tile(c)(w.row(r), w.row_bytes, a.row(t), a.stride, w.cols, y + t * ldy + r, ldy);
+                ks.lanes_rows_tile(c)(w.row(r), w.row_bytes, a.row(t), a.stride, w.cols, y + t * ldy + r, ldy, nullptr);
             }
         return end;
     }
-    if (w.cols > lanes_max_k) return r0;
-    lanes_small_batch(ks, w, r0, end, a, t0, t1, y, ldy);
+    if (ks.lanes_tile(1)) {  // packed tokens
+        if (w.cols > lanes_max_k) return r0;
+        lanes_small_batch(ks, w, r0, end, a, t0, t1, y, ldy);
+        return end;
+    }
+    // the activation rows themselves (Q6_K: 8 tokens × 384 bytes per super-block), each 16-row
+    // group prefetching the next
+    const kernel_set::lanes_rows_fn tile = ks.lanes_rows_tile(int(t1 - t0));
+    for (std::int64_t r = r0; r < end; r += 16)
+        tile(w.row(r), w.row_bytes, a.row(t0), a.stride, w.cols, y + t0 * ldy + r, ldy, r + 16 < end ? w.row(r + 16) : nullptr);
     return end;
 }
 
