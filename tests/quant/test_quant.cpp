@@ -363,66 +363,73 @@ TEST_CASE("the fast Q8_0 lanes tiles (16 rows x 1..8 tokens, packed or a8_pair r
 #endif
 }
 
-TEST_CASE("the fast Q6_K lanes tile (16 rows x 1..8 tokens on a8k_block rows) and gemm_block's fast path equal q6_k_blockwise_ref bitwise, odd sizes") {
-    const auto& ks = cd::kernels_for(dtype::q6_k);
-    int tested = 0;
-    for (std::int64_t K : {256, 768, 2304, 4352}) {  // odd super-block counts: 1, 3, 9, 17
-        if (!ks.lanes_rows_tile(1)) break;
-        CAPTURE(K);
-        test_matrix m(dtype::q6_k, 35, K, std::uint64_t(K) * 17 + 5, 3.f);  // two groups of 16 and 3 rows left over
-        const std::int64_t T = 13;
-        const auto x = testutil::random_vec(std::size_t(T * K), std::uint64_t(K) * 29 + 4, -4.f, 4.f);
-        const std::size_t arb = quant::row_bytes(dtype::q8_k, K), stride = cd::act_row_bytes(ks.act, K);
-        std::vector<std::byte> xa(arb * T);
-        cd::aligned_buffer buf;
-        std::byte* ap = buf.get(stride * T);
-        cd::prep_scratch ps;
-        for (std::int64_t c = 0; c < T; ++c) {
-            quant::quantize_row_q8_k(x.data() + c * K, reinterpret_cast<quant::block_q8_k*>(xa.data() + c * arb), K);
-            cd::prepare_row(ks.act, x.data() + c * K, ap + c * stride, K, ps);
-        }
-        auto same = [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); };
-        auto twin = [&](std::int64_t r, std::int64_t c) { return cd::q6_k_blockwise_ref(m.w.row(r), xa.data() + c * arb, K); };
-        auto one_row = [&](std::int64_t r, std::int64_t c) {
-            float v = 0.f;
-            ks.tile(1, 1)(m.w.row(r), m.w.row_bytes, ap + c * stride, stride, K, &v, 1);
-            return v;
-        };
-        for (const std::int64_t r0 : {0, 19})
-            for (int C = 1; C <= 8; ++C)
-                for (const bool pf : {false, true}) {
-                    CAPTURE(r0); CAPTURE(C); CAPTURE(pf);
-                    float y[8 * 16];
-                    ks.lanes_rows_tile(C)(m.w.row(r0), m.w.row_bytes, ap, stride, K, y, 16, pf ? m.w.row(16) : nullptr);
-                    int bad = 0;
-                    for (int c = 0; c < C; ++c)
-                        for (int r = 0; r < 16; ++r) bad += !same(y[c * 16 + r], twin(r0 + r, c));
-                    CHECK(bad == 0);
-                    ++tested;
-                }
-        // gemm_block: as for Q8_0 (no packing here, so no limit on K)
-        for (const std::int64_t n : {std::int64_t(ks.lanes_from) - 1, std::int64_t(ks.lanes_from), std::int64_t(8), T})
-            for (const bool exact : {false, true}) {
-                CAPTURE(n); CAPTURE(exact);
-                std::vector<float> y(std::size_t(n * 35), -1.f);
-                cd::gemm_block(ks, m.w, 0, 35, {ap, stride, T}, 0, n, y.data(), 35, exact);
-                const bool fast = !exact && n >= ks.lanes_from;
-                int bad = 0;
-                for (std::int64_t c = 0; c < n; ++c)
-                    for (std::int64_t r = 0; r < 35; ++r) bad += !same(y[std::size_t(c * 35 + r)], fast && r < 32 ? twin(r, c) : one_row(r, c));
-                CHECK(bad == 0);
+TEST_CASE("the fast K-quant lanes tiles (Q4_K, Q6_K: 16 rows x 1..8 tokens on a8k_block rows) and gemm_block's fast path equal their blockwise twins bitwise, odd sizes") {
+    using twin_fn = float (*)(const std::byte*, const std::byte*, std::int64_t);
+    for (const auto& form : {std::pair<dtype, twin_fn>{dtype::q4_k, cd::q4_k_blockwise_ref},
+                             std::pair<dtype, twin_fn>{dtype::q6_k, cd::q6_k_blockwise_ref}}) {
+        const dtype t = form.first;
+        const twin_fn blockwise = form.second;
+        CAPTURE(dtype_name(t));
+        const auto& ks = cd::kernels_for(t);
+        int tested = 0;
+        for (std::int64_t K : {256, 768, 2304, 4352}) {  // odd super-block counts: 1, 3, 9, 17
+            if (!ks.lanes_rows_tile(1)) break;
+            CAPTURE(K);
+            test_matrix m(t, 35, K, std::uint64_t(K) * 17 + 5, 3.f);  // two groups of 16 and 3 rows left over
+            const std::int64_t T = 13;
+            const auto x = testutil::random_vec(std::size_t(T * K), std::uint64_t(K) * 29 + 4, -4.f, 4.f);
+            const std::size_t arb = quant::row_bytes(dtype::q8_k, K), stride = cd::act_row_bytes(ks.act, K);
+            std::vector<std::byte> xa(arb * T);
+            cd::aligned_buffer buf;
+            std::byte* ap = buf.get(stride * T);
+            cd::prep_scratch ps;
+            for (std::int64_t c = 0; c < T; ++c) {
+                quant::quantize_row_q8_k(x.data() + c * K, reinterpret_cast<quant::block_q8_k*>(xa.data() + c * arb), K);
+                cd::prepare_row(ks.act, x.data() + c * K, ap + c * stride, K, ps);
             }
-        // the fast form stays within rounding of the row-exact one and of the reference dot
-        float y[16];
-        ks.lanes_rows_tile(1)(m.w.row(0), m.w.row_bytes, ap, stride, K, y, 16, nullptr);
-        for (int r = 0; r < 16; ++r) {
-            CHECK(y[r] == doctest::Approx(one_row(r, 0)).epsilon(1e-4).scale(std::sqrt(double(K))));
-            CHECK(y[r] == doctest::Approx(quant::vec_dot_ref(dtype::q6_k, m.w.row(r), xa.data(), K)).epsilon(1e-4).scale(std::sqrt(double(K))));
+            auto same = [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); };
+            auto twin = [&](std::int64_t r, std::int64_t c) { return blockwise(m.w.row(r), xa.data() + c * arb, K); };
+            auto one_row = [&](std::int64_t r, std::int64_t c) {
+                float v = 0.f;
+                ks.tile(1, 1)(m.w.row(r), m.w.row_bytes, ap + c * stride, stride, K, &v, 1);
+                return v;
+            };
+            for (const std::int64_t r0 : {0, 19})
+                for (int C = 1; C <= 8; ++C)
+                    for (const bool pf : {false, true}) {
+                        CAPTURE(r0); CAPTURE(C); CAPTURE(pf);
+                        float y[8 * 16];
+                        ks.lanes_rows_tile(C)(m.w.row(r0), m.w.row_bytes, ap, stride, K, y, 16, pf ? m.w.row(16) : nullptr);
+                        int bad = 0;
+                        for (int c = 0; c < C; ++c)
+                            for (int r = 0; r < 16; ++r) bad += !same(y[c * 16 + r], twin(r0 + r, c));
+                        CHECK(bad == 0);
+                        ++tested;
+                    }
+            // gemm_block: as for Q8_0 (no packing here, so no limit on K)
+            for (const std::int64_t n : {std::int64_t(ks.lanes_from) - 1, std::int64_t(ks.lanes_from), std::int64_t(8), T})
+                for (const bool exact : {false, true}) {
+                    CAPTURE(n); CAPTURE(exact);
+                    std::vector<float> y(std::size_t(n * 35), -1.f);
+                    cd::gemm_block(ks, m.w, 0, 35, {ap, stride, T}, 0, n, y.data(), 35, exact);
+                    const bool fast = !exact && n >= ks.lanes_from;
+                    int bad = 0;
+                    for (std::int64_t c = 0; c < n; ++c)
+                        for (std::int64_t r = 0; r < 35; ++r) bad += !same(y[std::size_t(c * 35 + r)], fast && r < 32 ? twin(r, c) : one_row(r, c));
+                    CHECK(bad == 0);
+                }
+            // the fast form stays within rounding of the row-exact one and of the reference dot
+            float y[16];
+            ks.lanes_rows_tile(1)(m.w.row(0), m.w.row_bytes, ap, stride, K, y, 16, nullptr);
+            for (int r = 0; r < 16; ++r) {
+                CHECK(y[r] == doctest::Approx(one_row(r, 0)).epsilon(1e-4).scale(std::sqrt(double(K))));
+                CHECK(y[r] == doctest::Approx(quant::vec_dot_ref(t, m.w.row(r), xa.data(), K)).epsilon(1e-4).scale(std::sqrt(double(K))));
+            }
         }
-    }
 #if CLOVER_CPU_AVX512_VNNI
-    CHECK(tested > 0);
+        CHECK(tested > 0);
 #endif
+    }
 }
 
 TEST_CASE("backend matmul equals matmul_ref (threads, token chunks, Eigen path, odd shapes)") {

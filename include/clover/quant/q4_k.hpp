@@ -103,19 +103,27 @@ inline void dequantize_row_q4_k(const block_q4_k* x, float* y, std::int64_t n) {
     }
 }
 
+// The exact integer parts of one super-block pair: isum = Σ sc[j]·(q·a over sub-block j) and
+// msum = Σ m[j]·(Σ a over sub-block j) (|isum| < 2^22, |msum| < 2^22: any order gives the same).
+inline void block_dot_q4_k(const block_q4_k& w, const block_q8_k& a, std::int32_t& isum, std::int32_t& msum) {
+    std::uint8_t sc[8], m[8];
+    unpack_scales_k4(w.scales, sc, m);
+    isum = 0;
+    msum = 0;
+    for (int j = 0; j < 8; ++j) {
+        std::int32_t dot = 0;
+        for (int i = 0; i < 32; ++i) dot += q4_k_code(w, 32 * j + i) * std::int32_t(a.qs[32 * j + i]);
+        isum += std::int32_t(sc[j]) * dot;
+        msum += std::int32_t(m[j]) * q8_k_sum32(a, j);
+    }
+}
+
 // Reference dot product with a Q8_K row: integer sums per sub-block, scaled per super-block.
 inline float vec_dot_q4_k_ref(const block_q4_k* w, const block_q8_k* a, std::int64_t n) {
     float sum = 0.f;
     for (std::int64_t b = 0; b < n / qk_k; ++b) {
-        std::uint8_t sc[8], m[8];
-        unpack_scales_k4(w[b].scales, sc, m);
-        int isum = 0, msum = 0;
-        for (int j = 0; j < 8; ++j) {
-            int dot = 0;
-            for (int i = 0; i < 32; ++i) dot += q4_k_code(w[b], 32 * j + i) * int(a[b].qs[32 * j + i]);
-            isum += int(sc[j]) * dot;
-            msum += int(m[j]) * q8_k_sum32(a[b], j);
-        }
+        std::int32_t isum, msum;
+        block_dot_q4_k(w[b], a[b], isum, msum);
         sum += a[b].d * (f16_to_f32(w[b].d) * float(isum) - f16_to_f32(w[b].dmin) * float(msum));
     }
     return sum;

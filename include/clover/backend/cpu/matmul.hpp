@@ -90,6 +90,22 @@ inline float q6_k_blockwise_ref(const std::byte* w, const std::byte* a, std::int
     return acc;
 }
 
+// Scalar twin of k512::q4_k_lanes_rows: per super-block the exact int32 parts of
+// quant::block_dot_q4_k, then the mins term and the scaled sum, each as one fused step:
+// acc = fma(−float(msum), dmin_w·d_a, acc), acc = fma(float(isum), d_w·d_a, acc).
+inline float q4_k_blockwise_ref(const std::byte* w, const std::byte* a, std::int64_t K) {
+    const auto* wb = reinterpret_cast<const quant::block_q4_k*>(w);
+    const auto* ab = reinterpret_cast<const quant::block_q8_k*>(a);
+    float acc = 0.f;
+    for (std::int64_t b = 0; b < K / 256; ++b) {
+        std::int32_t isum, msum;
+        quant::block_dot_q4_k(wb[b], ab[b], isum, msum);
+        acc = std::fma(-float(msum), quant::f16_to_f32(wb[b].dmin) * ab[b].d, acc);
+        acc = std::fma(float(isum), quant::f16_to_f32(wb[b].d) * ab[b].d, acc);
+    }
+    return acc;
+}
+
 // How one weight type is computed with this build's ISA.
 // Decode loop: rows w + i·ws and w + i·ws + stream_off for i < n, one activation row; outputs
 // y0[i] and y1[i]. The 2 × 1 tile is inlined into the loop (no call and reduction barrier per
@@ -266,7 +282,16 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
                 ks.lanes_from = 6;
 #endif
                 break;
-            case dtype::q4_k: fill_tiles<q4_k_512>(ks); fill_stream_tiles<q4_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
+            case dtype::q4_k:
+                fill_tiles<q4_k_512>(ks); fill_stream_tiles<q4_k_512_pf>(ks); ks.act = P::q8_k_ext;
+#if CLOVER_CPU_AVX512_VNNI
+                ks.lanes16_rows[0] = k512::q4_k_lanes_rows<1>; ks.lanes16_rows[1] = k512::q4_k_lanes_rows<2>;
+                ks.lanes16_rows[2] = k512::q4_k_lanes_rows<3>; ks.lanes16_rows[3] = k512::q4_k_lanes_rows<4>;
+                ks.lanes16_rows[4] = k512::q4_k_lanes_rows<5>; ks.lanes16_rows[5] = k512::q4_k_lanes_rows<6>;
+                ks.lanes16_rows[6] = k512::q4_k_lanes_rows<7>; ks.lanes16_rows[7] = k512::q4_k_lanes_rows<8>;
+                ks.lanes_from = 6;
+#endif
+                break;
             case dtype::q5_k: fill_tiles<q5_k_512>(ks); fill_stream_tiles<q5_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
             case dtype::q6_k:
                 fill_tiles<q6_k_512>(ks); fill_stream_tiles<q6_k_512_pf>(ks); ks.act = P::q8_k_ext;
