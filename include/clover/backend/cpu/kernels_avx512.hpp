@@ -316,8 +316,8 @@ void q6_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
 // (the twin q4_k_blockwise_ref): acc = fma(−msum, dmin_w·d_a, acc), acc = fma(isum, d_w·d_a,
 // acc). pf: as q6_k_lanes_rows.
 // Measured (2-core Zen 5 VM, one thread, bench_kernels alternating with the row tiles of
-// 79ee210, four runs): gemm fast 136–189 vs 109–125 GMAC/s (prefill: +25–52 %); batch8 fast
-// 112–117 vs 100–118 (the streaming small batch: at the same ~120 cap as the other fast forms).
+// 79ee210, four runs): gemm fast 136–189 vs 113–129 GMAC/s (prefill: +20–50 %); batch8 fast
+// 112–117 vs 97–118 (the streaming small batch: at the same ~120 cap as the other fast forms).
 template <int C>
 void q4_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
                      std::int64_t ldy, const std::byte* pf) {

@@ -128,9 +128,9 @@ struct kernel_set {
     // R = 2 × C = 1..8 (C > 4 where `wide`) with the next row pair's prefetch spread over the
     // super-block loop; null where the build has none (the driver then prefetches in one burst).
     stream_tile_fn stream[8] = {};
-    // 16 weight rows × C = 1..8 tokens, not row-exact (k512::q8_0_lanes_tile, q6_k_lanes_rows):
-    // for batches that are not row-exact, from lanes_from tokens on; null where the build has
-    // none. lanes16_rows read the prepared activation rows; lanes16 (Q8_0 only) reads tokens
+    // 16 weight rows × C = 1..8 tokens, not row-exact (k512::q8_0_lanes_tile, q4_k_lanes_rows,
+    // q6_k_lanes_rows): for batches that are not row-exact, from lanes_from tokens on; null where
+    // the build has none. lanes16_rows read the prepared activation rows; lanes16 (Q8_0 only) reads tokens
     // packed per block (a8_lane), which the small batch uses where the set has it.
     using lanes_fn = void (*)(const std::byte* w, std::size_t ws, const a8_lane* a, std::int64_t K, float* y, std::int64_t ldy,
                               const std::byte* prefetch_next);
@@ -289,7 +289,7 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
                 ks.lanes16_rows[2] = k512::q4_k_lanes_rows<3>; ks.lanes16_rows[3] = k512::q4_k_lanes_rows<4>;
                 ks.lanes16_rows[4] = k512::q4_k_lanes_rows<5>; ks.lanes16_rows[5] = k512::q4_k_lanes_rows<6>;
                 ks.lanes16_rows[6] = k512::q4_k_lanes_rows<7>; ks.lanes16_rows[7] = k512::q4_k_lanes_rows<8>;
-                ks.lanes_from = 6;
+                ks.lanes_from = 6;  // Q8_0's break-even; not measured apart for Q4_K and Q6_K
 #endif
                 break;
             case dtype::q5_k: fill_tiles<q5_k_512>(ks); fill_stream_tiles<q5_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
@@ -497,10 +497,11 @@ inline constexpr std::int64_t lanes_max_k = 4096;  // packed: the widest input o
     }
 }
 
-// The fast form where it applies (ks.lanes16: a batch that need not be row-exact, at least
+// The fast form where it applies (ks.lanes16_rows: a batch that need not be row-exact, at least
 // ks.lanes_from tokens): rows in groups of 16, tokens in groups of 8. Prefill chunks read the
-// a8_pair rows; a small batch packs them (lanes_small_batch, K ≤ lanes_max_k). Returns the first
-// row it left to the row-exact tiles (r1 when none).
+// prepared rows; a small batch packs them where the type has a packed form (Q8_0:
+// lanes_small_batch, K ≤ lanes_max_k) and reads the rows otherwise (Q4_K, Q6_K). Returns the
+// first row it left to the row-exact tiles (r1 when none).
 inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1, const act_view& a,
                                 std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
     // (the kernels gather each row's scale at lane_row · row_bytes + < 256: an int32 offset)
