@@ -508,10 +508,13 @@ inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int6
     if (!ks.lanes_rows_tile(1) || t1 - t0 < ks.lanes_from || w.row_bytes * 16 > std::size_t(INT32_MAX)) return r0;
     const std::int64_t end = r0 + (r1 - r0) / 16 * 16;
     if (t1 - t0 > small_batch_tokens) {  // prefill: the chunk's rows stay in L1/L2 across the token groups
+        // The first token group prefetches the next 16 rows: a prompt's expert products have
+        // ~16 tokens each (two groups), so their weights come from DRAM as a decode step's do.
         for (std::int64_t r = r0; r < end; r += 16)
             for (std::int64_t t = t0; t < t1; t += 8) {
                 const int c = int(std::min<std::int64_t>(8, t1 - t));
-                ks.lanes_rows_tile(c)(w.row(r), w.row_bytes, a.row(t), a.stride, w.cols, y + t * ldy + r, ldy, nullptr);
+                const std::byte* next = t == t0 && r + 16 < end ? w.row(r + 16) : nullptr;
+                ks.lanes_rows_tile(c)(w.row(r), w.row_bytes, a.row(t), a.stride, w.cols, y + t * ldy + r, ldy, next);
             }
         return end;
     }
