@@ -157,6 +157,15 @@ inline void transpose16x32(const std::byte* q, std::size_t stride, __m512i (&wt)
     }
 }
 
+// The 16-row forms' streaming prefetch: pf (or null) is the next 16 rows, 16 · bs contiguous
+// bytes per block of bs bytes; block b's share (the lines of bytes [share·b, share·(b + 1)))
+// is prefetched while block b of the current rows is computed.
+inline void prefetch_share(const std::byte* pf, std::size_t share, std::int64_t b) {
+    if (!pf) return;
+    const std::size_t step = share * std::size_t(b);
+    for (std::size_t o = step & ~std::size_t(63); o < step + share; o += 64) __builtin_prefetch(reinterpret_cast<const char*>(pf) + o, 0, 3);
+}
+
 struct lanes_packed {
     const a8_lane* a;
     std::int64_t C;
@@ -182,11 +191,7 @@ void q8_0_lanes_tile(const std::byte* w, std::size_t ws, Acts a, std::int64_t K,
     __m512 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (std::int64_t b = 0; b < nb; ++b) {
-        if (pf) {
-            const std::size_t step = 16 * bs * std::size_t(b);
-            for (std::size_t o = step & ~std::size_t(63); o < step + 16 * bs; o += 64)
-                __builtin_prefetch(reinterpret_cast<const char*>(pf) + o, 0, 3);
-        }
+        prefetch_share(pf, 16 * bs, b);
         __m512i wt[8];
         transpose16x32(w + std::size_t(b) * bs + 2, ws, wt);  // row 0's codes of block b
         for (int j = 0; j < 8; ++j) wt[j] = _mm512_xor_si512(wt[j], flip);
@@ -249,11 +254,7 @@ void q6_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
     __m512 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (std::int64_t b = 0; b < nsb; ++b) {
-        if (pf) {
-            const std::size_t step = 16 * bs * std::size_t(b);
-            for (std::size_t o = step & ~std::size_t(63); o < step + 16 * bs; o += 64)
-                __builtin_prefetch(reinterpret_cast<const char*>(pf) + o, 0, 3);
-        }
+        prefetch_share(pf, 16 * bs, b);
         for (int r = 0; r < 16; ++r) {
             const auto* blk = reinterpret_cast<const quant::block_q6_k*>(w + std::size_t(r) * ws) + b;
             for (int g = 0; g < 4; ++g) {  // values 64g .. 64g + 63: half g/2, nibble g%2
@@ -330,11 +331,7 @@ void q4_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
     __m512 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (std::int64_t b = 0; b < nsb; ++b) {
-        if (pf) {
-            const std::size_t step = 16 * bs * std::size_t(b);
-            for (std::size_t o = step & ~std::size_t(63); o < step + 16 * bs; o += 64)
-                __builtin_prefetch(reinterpret_cast<const char*>(pf) + o, 0, 3);
-        }
+        prefetch_share(pf, 16 * bs, b);
         const std::byte* base = w + std::size_t(b) * bs;
         const __m512i dd = _mm512_i32gather_epi32(row_off, base, 1);  // [d | dmin] of each lane's row
         const __m512i w0 = _mm512_i32gather_epi32(row_off, base + 4, 1), w1 = _mm512_i32gather_epi32(row_off, base + 8, 1),
