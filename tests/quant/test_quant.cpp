@@ -295,31 +295,60 @@ TEST_CASE("the streaming tiles (2 rows x 1..8 tokens, prefetching the next pair)
 #endif
 }
 
+// Shared by the fast-form tests: 35 weight rows of type t (two groups of 16 and 3 left over)
+// and T = 13 activation rows, as the twins read them (xa: the partner type's standard rows) and
+// as the kernels do (ap: the prepared rows).
+struct lanes_fixture {
+    const cd::kernel_set& ks;
+    std::int64_t K, T = 13;
+    test_matrix m;
+    std::size_t arb, stride;
+    std::vector<std::byte> xa;
+    cd::aligned_buffer buf;
+    std::byte* ap;
+    lanes_fixture(dtype t, std::int64_t K_, std::uint64_t w_seed, std::uint64_t x_seed)
+        : ks(cd::kernels_for(t)), K(K_), m(t, 35, K_, w_seed, 3.f), arb(quant::row_bytes(quant::activation_type(t), K_)),
+          stride(cd::act_row_bytes(ks.act, K_)), xa(arb * std::size_t(T)), ap(buf.get(stride * std::size_t(T))) {
+        const auto x = testutil::random_vec(std::size_t(T * K), x_seed, -4.f, 4.f);
+        cd::prep_scratch ps;
+        for (std::int64_t c = 0; c < T; ++c) {
+            quant::quantize_row(quant::activation_type(t), x.data() + c * K, xa.data() + std::size_t(c) * arb, K);
+            cd::prepare_row(ks.act, x.data() + c * K, ap + c * stride, K, ps);
+        }
+    }
+    static bool same(float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); }
+    const std::byte* xrow(std::int64_t c) const { return xa.data() + std::size_t(c) * arb; }
+    float one_row(std::int64_t r, std::int64_t c) const {  // the row-exact tiles
+        float v = 0.f;
+        ks.tile(1, 1)(m.w.row(r), m.w.row_bytes, ap + c * stride, stride, K, &v, 1);
+        return v;
+    }
+    // gemm_block at n tokens: where `fast`, groups of 16 rows equal the twin and the 3 rows left
+    // equal the row tiles; otherwise every row equals the row tiles. Returns the rows that differ.
+    template <class Twin>
+    int gemm_block_mismatches(std::int64_t n, bool exact, bool fast, Twin twin) const {
+        std::vector<float> y(std::size_t(n * 35), -1.f);
+        cd::gemm_block(ks, m.w, 0, 35, {ap, stride, T}, 0, n, y.data(), 35, exact);
+        int bad = 0;
+        for (std::int64_t c = 0; c < n; ++c)
+            for (std::int64_t r = 0; r < 35; ++r) bad += !same(y[std::size_t(c * 35 + r)], fast && r < 32 ? twin(r, c) : one_row(r, c));
+        return bad;
+    }
+};
+
 TEST_CASE("the fast Q8_0 lanes tiles (16 rows x 1..8 tokens, packed or a8_pair rows) and gemm_block's fast path equal q8_0_blockwise_ref bitwise, odd sizes") {
     const auto& ks = cd::kernels_for(dtype::q8_0);
     int tested = 0;
     for (std::int64_t K : {32, 96, 160, 352, 2080, 4128}) {  // odd block counts; the last one over lanes_max_k
         if (!ks.lanes_tile(1)) break;
         CAPTURE(K);
-        test_matrix m(dtype::q8_0, 35, K, std::uint64_t(K) * 19 + 7, 3.f);  // two groups of 16 and 3 rows left over
-        const std::int64_t T = 13;
-        const auto x = testutil::random_vec(std::size_t(T * K), std::uint64_t(K) * 23 + 8, -4.f, 4.f);
-        const std::size_t arb = quant::row_bytes(dtype::q8_0, K), stride = cd::act_row_bytes(ks.act, K);
-        std::vector<std::byte> xa(arb * T);
-        cd::aligned_buffer buf;
-        std::byte* ap = buf.get(stride * T);
-        cd::prep_scratch ps;
-        for (std::int64_t c = 0; c < T; ++c) {
-            quant::quantize_row_q8_0(x.data() + c * K, reinterpret_cast<quant::block_q8_0*>(xa.data() + c * arb), K);
-            cd::prepare_row(ks.act, x.data() + c * K, ap + c * stride, K, ps);
-        }
-        auto same = [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); };
-        auto twin = [&](std::int64_t r, std::int64_t c) { return cd::q8_0_blockwise_ref(m.w.row(r), xa.data() + c * arb, K); };
-        auto one_row = [&](std::int64_t r, std::int64_t c) {
-            float v = 0.f;
-            ks.tile(1, 1)(m.w.row(r), m.w.row_bytes, ap + c * stride, stride, K, &v, 1);
-            return v;
-        };
+        const lanes_fixture f(dtype::q8_0, K, std::uint64_t(K) * 19 + 7, std::uint64_t(K) * 23 + 8);
+        const test_matrix& m = f.m;
+        const std::byte* ap = f.ap;
+        const std::size_t stride = f.stride;
+        auto same = lanes_fixture::same;
+        auto twin = [&](std::int64_t r, std::int64_t c) { return cd::q8_0_blockwise_ref(m.w.row(r), f.xrow(c), K); };
+        auto one_row = [&](std::int64_t r, std::int64_t c) { return f.one_row(r, c); };
         // the tiles: rows 0–15 and 19–34, with and without prefetching the next rows
         for (const std::int64_t r0 : {0, 19})
             for (int C = 1; C <= 8; ++C)
@@ -340,16 +369,11 @@ TEST_CASE("the fast Q8_0 lanes tiles (16 rows x 1..8 tokens, packed or a8_pair r
         // gemm_block: not row-exact, from lanes_from tokens on (decode-sized and prefill-sized
         // token ranges): groups of 16 rows equal the twin, the 3 rows left equal the row tiles;
         // row-exact or below lanes_from: every row equals the row tiles
-        for (const std::int64_t n : {std::int64_t(ks.lanes_from) - 1, std::int64_t(ks.lanes_from), std::int64_t(8), T})
+        for (const std::int64_t n : {std::int64_t(ks.lanes_from) - 1, std::int64_t(ks.lanes_from), std::int64_t(8), f.T})
             for (const bool exact : {false, true}) {
                 CAPTURE(n); CAPTURE(exact);
-                std::vector<float> y(std::size_t(n * 35), -1.f);
-                cd::gemm_block(ks, m.w, 0, 35, {ap, stride, T}, 0, n, y.data(), 35, exact);
                 const bool fast = !exact && n >= ks.lanes_from && (n > cd::small_batch_tokens || K <= cd::lanes_max_k);
-                int bad = 0;
-                for (std::int64_t c = 0; c < n; ++c)
-                    for (std::int64_t r = 0; r < 35; ++r) bad += !same(y[std::size_t(c * 35 + r)], fast && r < 32 ? twin(r, c) : one_row(r, c));
-                CHECK(bad == 0);
+                CHECK(f.gemm_block_mismatches(n, exact, fast, twin) == 0);
             }
         // the fast form stays within rounding of the row-exact one
         float y[16];
@@ -375,25 +399,13 @@ TEST_CASE("the fast K-quant lanes tiles (Q4_K, Q6_K: 16 rows x 1..8 tokens on a8
         for (std::int64_t K : {256, 768, 2304, 4352}) {  // odd super-block counts: 1, 3, 9, 17
             if (!ks.lanes_rows_tile(1)) break;
             CAPTURE(K);
-            test_matrix m(t, 35, K, std::uint64_t(K) * 17 + 5, 3.f);  // two groups of 16 and 3 rows left over
-            const std::int64_t T = 13;
-            const auto x = testutil::random_vec(std::size_t(T * K), std::uint64_t(K) * 29 + 4, -4.f, 4.f);
-            const std::size_t arb = quant::row_bytes(dtype::q8_k, K), stride = cd::act_row_bytes(ks.act, K);
-            std::vector<std::byte> xa(arb * T);
-            cd::aligned_buffer buf;
-            std::byte* ap = buf.get(stride * T);
-            cd::prep_scratch ps;
-            for (std::int64_t c = 0; c < T; ++c) {
-                quant::quantize_row_q8_k(x.data() + c * K, reinterpret_cast<quant::block_q8_k*>(xa.data() + c * arb), K);
-                cd::prepare_row(ks.act, x.data() + c * K, ap + c * stride, K, ps);
-            }
-            auto same = [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); };
-            auto twin = [&](std::int64_t r, std::int64_t c) { return blockwise(m.w.row(r), xa.data() + c * arb, K); };
-            auto one_row = [&](std::int64_t r, std::int64_t c) {
-                float v = 0.f;
-                ks.tile(1, 1)(m.w.row(r), m.w.row_bytes, ap + c * stride, stride, K, &v, 1);
-                return v;
-            };
+            const lanes_fixture f(t, K, std::uint64_t(K) * 17 + 5, std::uint64_t(K) * 29 + 4);
+            const test_matrix& m = f.m;
+            const std::byte* ap = f.ap;
+            const std::size_t stride = f.stride;
+            auto same = lanes_fixture::same;
+            auto twin = [&](std::int64_t r, std::int64_t c) { return blockwise(m.w.row(r), f.xrow(c), K); };
+            auto one_row = [&](std::int64_t r, std::int64_t c) { return f.one_row(r, c); };
             for (const std::int64_t r0 : {0, 19})
                 for (int C = 1; C <= 8; ++C)
                     for (const bool pf : {false, true}) {
@@ -407,23 +419,17 @@ TEST_CASE("the fast K-quant lanes tiles (Q4_K, Q6_K: 16 rows x 1..8 tokens on a8
                         ++tested;
                     }
             // gemm_block: as for Q8_0 (no packing here, so no limit on K)
-            for (const std::int64_t n : {std::int64_t(ks.lanes_from) - 1, std::int64_t(ks.lanes_from), std::int64_t(8), T})
+            for (const std::int64_t n : {std::int64_t(ks.lanes_from) - 1, std::int64_t(ks.lanes_from), std::int64_t(8), f.T})
                 for (const bool exact : {false, true}) {
                     CAPTURE(n); CAPTURE(exact);
-                    std::vector<float> y(std::size_t(n * 35), -1.f);
-                    cd::gemm_block(ks, m.w, 0, 35, {ap, stride, T}, 0, n, y.data(), 35, exact);
-                    const bool fast = !exact && n >= ks.lanes_from;
-                    int bad = 0;
-                    for (std::int64_t c = 0; c < n; ++c)
-                        for (std::int64_t r = 0; r < 35; ++r) bad += !same(y[std::size_t(c * 35 + r)], fast && r < 32 ? twin(r, c) : one_row(r, c));
-                    CHECK(bad == 0);
+                    CHECK(f.gemm_block_mismatches(n, exact, !exact && n >= ks.lanes_from, twin) == 0);
                 }
             // the fast form stays within rounding of the row-exact one and of the reference dot
             float y[16];
             ks.lanes_rows_tile(1)(m.w.row(0), m.w.row_bytes, ap, stride, K, y, 16, nullptr);
             for (int r = 0; r < 16; ++r) {
                 CHECK(y[r] == doctest::Approx(one_row(r, 0)).epsilon(1e-4).scale(std::sqrt(double(K))));
-                CHECK(y[r] == doctest::Approx(quant::vec_dot_ref(t, m.w.row(r), xa.data(), K)).epsilon(1e-4).scale(std::sqrt(double(K))));
+                CHECK(y[r] == doctest::Approx(quant::vec_dot_ref(t, m.w.row(r), f.xrow(0), K)).epsilon(1e-4).scale(std::sqrt(double(K))));
             }
         }
 #if CLOVER_CPU_AVX512_VNNI
