@@ -289,7 +289,10 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
                 ks.lanes16_rows[2] = k512::q4_k_lanes_rows<3>; ks.lanes16_rows[3] = k512::q4_k_lanes_rows<4>;
                 ks.lanes16_rows[4] = k512::q4_k_lanes_rows<5>; ks.lanes16_rows[5] = k512::q4_k_lanes_rows<6>;
                 ks.lanes16_rows[6] = k512::q4_k_lanes_rows<7>; ks.lanes16_rows[7] = k512::q4_k_lanes_rows<8>;
-                ks.lanes_from = 6;  // Q8_0's break-even; not measured apart for Q4_K and Q6_K
+                // Q8_0's break-even. For Q4_K and Q6_K, end to end on the 8-layer Q4_K_M file (three
+                // alternating rounds, 2026-12-06): forms from 6 vs row tiles even within noise at
+                // 6 and 7 tokens, +2 % at 8; from 4 tokens they lost (85 vs 103–110 t/s at N = 4).
+                ks.lanes_from = 6;
 #endif
                 break;
             case dtype::q5_k: fill_tiles<q5_k_512>(ks); fill_stream_tiles<q5_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
