@@ -14,7 +14,9 @@
 // transposes cost more than they save). A layout in which the 16-row form is as fast as the
 // row tiles at one token would let every product use one order — fast and row-exact at once.
 //
-//   bench_q8_0_repack [-r 5] [--pf 2] [--json]
+//   bench_q8_0_repack [-r 5] [-t 1] [--pf 2] [--json]
+// -t N: N threads stream together over interleaved 512-row chunks (wall time; one thread: thread
+// CPU time), which is what a decode step does with the memory bus shared.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -22,9 +24,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <ctime>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <clover/backend/cpu/cpu.hpp>
@@ -117,14 +121,15 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    int reps = 5, pf_groups = 2;
+    int reps = 5, pf_groups = 2, threads = 1;
     bool json = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "-r" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
         else if (a == "--pf" && i + 1 < argc) pf_groups = std::max(1, std::atoi(argv[++i]));
+        else if (a == "-t" && i + 1 < argc) threads = std::clamp(std::atoi(argv[++i]), 1, 64);
         else if (a == "--json") json = true;
-        else { std::fprintf(stderr, "usage: bench_q8_0_repack [-r 5] [--pf 2] [--json]\n"); return 2; }
+        else { std::fprintf(stderr, "usage: bench_q8_0_repack [-r 5] [-t 1] [--pf 2] [--json]\n"); return 2; }
     }
     const std::int64_t K = 2048, nb = K / 32, rows = 240000, groups = rows / 16;  // 0.52 GB: well past any cache
     const std::size_t ws = sizeof(quant::block_q8_0) * std::size_t(nb);
@@ -152,38 +157,51 @@ int main(int argc, char** argv) {
     std::vector<float> y_rows(std::size_t(8 * rows)), y_lanes(y_rows.size()), y_pack(y_rows.size());
 
     if (!json)
-        std::printf("bench_q8_0_repack: one thread, Q8_0 %lld x %lld streaming (%.2f GB), GMAC/s (medians of %d), prefetch %d groups ahead\n"
+        std::printf("bench_q8_0_repack: %d thread(s), Q8_0 %lld x %lld streaming (%.2f GB), GMAC/s (medians of %d), prefetch %d groups ahead\n"
                     "| tokens | row tiles | lanes (transposing) | repacked | repacked+pf | repacked+pf / row tiles | repacked+pf / lanes |\n"
                     "|---|---|---|---|---|---|---|\n",
-                    (long long)rows, (long long)K, double(ws) * double(rows) * 1e-9, reps, pf_groups);
+                    threads, (long long)rows, (long long)K, double(ws) * double(rows) * 1e-9, reps, pf_groups);
     bool all_same = true;
     for (int C = 1; C <= 8; ++C) {
         cd::pack_a8_lanes(act, as, C, nb, lanes);
+        // Form f over 512-row chunks k ≡ tid (mod threads), as the engine's pool hands out chunks.
+        auto form = [&](int f, int tid) {
+            for (std::int64_t r0 = 512 * tid; r0 < rows; r0 += 512 * threads) {
+                const std::int64_t r1 = std::min(rows, r0 + 512);
+                if (f == 0) cd::gemm_block(ks, w, r0, r1, av, 0, C, y_rows.data(), rows, true);
+                else if (f == 1) cd::lanes_small_batch(ks, w, r0, r1, av, 0, C, y_lanes.data(), rows);
+                else
+                    for (std::int64_t g = r0 / 16; g < r1 / 16; ++g) {
+                        const std::int64_t next = g + 1 < r1 / 16 ? g + 1 : g + 1 + 32 * (threads - 1);  // this thread's next chunk
+                        const std::int64_t ahead = f == 3 ? next + pf_groups - 1 : -1;
+                        repacked_tiles[C - 1](packed_w.p + std::size_t(g) * 16 * ws, lanes, nb, y_pack.data() + g * 16, rows,
+                                              ahead >= 0 && ahead < groups ? packed_w.p + std::size_t(ahead) * 16 * ws : nullptr);
+                    }
+            }
+        };
         std::vector<double> t[4];
-        for (int rep = 0; rep < reps; ++rep) {  // the four forms alternate within every repetition
-            double t0 = now_s();
-            for (std::int64_t r0 = 0; r0 < rows; r0 += 512)
-                cd::gemm_block(ks, w, r0, std::min(rows, r0 + 512), av, 0, C, y_rows.data(), rows, true);
-            double t1 = now_s();
-            for (std::int64_t r0 = 0; r0 < rows; r0 += 512) cd::lanes_small_batch(ks, w, r0, std::min(rows, r0 + 512), av, 0, C, y_lanes.data(), rows);
-            double t2 = now_s();
-            for (std::int64_t g = 0; g < groups; ++g)
-                repacked_tiles[C - 1](packed_w.p + std::size_t(g) * 16 * ws, lanes, nb, y_pack.data() + g * 16, rows, nullptr);
-            double t3 = now_s();
-            for (std::int64_t g = 0; g < groups; ++g)
-                repacked_tiles[C - 1](packed_w.p + std::size_t(g) * 16 * ws, lanes, nb, y_pack.data() + g * 16, rows,
-                                      g + pf_groups < groups ? packed_w.p + std::size_t(g + pf_groups) * 16 * ws : nullptr);
-            double t4 = now_s();
-            t[0].push_back(t1 - t0); t[1].push_back(t2 - t1); t[2].push_back(t3 - t2); t[3].push_back(t4 - t3);
-        }
+        for (int rep = 0; rep < reps; ++rep)  // the four forms alternate within every repetition
+            for (int f = 0; f < 4; ++f) {
+                if (threads == 1) {
+                    const double t0 = now_s();
+                    form(f, 0);
+                    t[f].push_back(now_s() - t0);
+                } else {  // wall time: both threads must stream at once
+                    const auto t0 = std::chrono::steady_clock::now();
+                    std::vector<std::thread> pool;
+                    for (int i = 0; i < threads; ++i) pool.emplace_back(form, f, i);
+                    for (auto& th : pool) th.join();
+                    t[f].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                }
+            }
         const bool same = std::memcmp(y_lanes.data(), y_pack.data(), sizeof(float) * std::size_t(C * rows)) == 0;
         all_same = all_same && same;
         const double macs = double(rows) * double(K) * C * 1e-9;
         const double g0 = macs / median(t[0]), g1 = macs / median(t[1]), g2 = macs / median(t[2]), g3 = macs / median(t[3]);
         if (json)
-            std::printf("{\"bench\":\"q8_0_repack\",\"tokens\":%d,\"rows\":%lld,\"K\":%lld,\"pf_groups\":%d,\"row_tiles_gmacs\":%.2f,"
+            std::printf("{\"bench\":\"q8_0_repack\",\"threads\":%d,\"tokens\":%d,\"rows\":%lld,\"K\":%lld,\"pf_groups\":%d,\"row_tiles_gmacs\":%.2f,"
                         "\"lanes_gmacs\":%.2f,\"repacked_gmacs\":%.2f,\"repacked_pf_gmacs\":%.2f,\"same_as_lanes\":%s}\n",
-                        C, (long long)rows, (long long)K, pf_groups, g0, g1, g2, g3, same ? "true" : "false");
+                        threads, C, (long long)rows, (long long)K, pf_groups, g0, g1, g2, g3, same ? "true" : "false");
         else
             std::printf("| %d | %.1f | %.1f | %.1f | %.1f | %.2fx | %.2fx |%s\n", C, g0, g1, g2, g3, g3 / g0, g3 / g1,
                         same ? "" : " (NOT the lanes form's bits)");
