@@ -70,44 +70,10 @@ struct huge_buffer {
     huge_buffer& operator=(const huge_buffer&) = delete;
 };
 
-// One block of a repacked group: the 16 rows' f16 scales in lane order, then the 16 × 32 codes
-// transposed (register j lane l = dword j of row q8_0_lanes_row[l]) and offset to u8 — the same
-// 544 bytes as 16 blocks of the file.
-constexpr std::size_t group_block_bytes = 16 * 2 + 16 * 32;
-static_assert(group_block_bytes == 16 * sizeof(quant::block_q8_0));
-
-void repack_group(const std::byte* w, std::size_t ws, std::int64_t nb, std::byte* out) {
-    for (std::int64_t b = 0; b < nb; ++b) {
-        std::byte* o = out + std::size_t(b) * group_block_bytes;
-        for (int l = 0; l < 16; ++l) std::memcpy(o + 2 * l, w + std::size_t(cd::k512::q8_0_lanes_row[l]) * ws + std::size_t(b) * 34, 2);
-        __m512i wt[8];
-        cd::k512::transpose16x32(w + std::size_t(b) * 34 + 2, ws, wt);
-        for (int j = 0; j < 8; ++j) _mm512_storeu_si512(o + 32 + 64 * j, _mm512_xor_si512(wt[j], _mm512_set1_epi8(char(0x80))));
-    }
-}
-
-// 16 rows × C tokens from a repacked group; pf (or null): a group to prefetch block by block.
+// The library's repacked form at every token count (k512::q8_0_x16_tile), tokens packed per block.
 template <int C>
 void repacked_tile(const std::byte* g, const cd::a8_lane* a, std::int64_t nb, float* y, std::int64_t ldy, const std::byte* pf) {
-    const __m512i lane_row = _mm512_loadu_si512(cd::k512::q8_0_lanes_row);
-    __m512 acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
-    for (std::int64_t b = 0; b < nb; ++b) {
-        const std::byte* o = g + std::size_t(b) * group_block_bytes;
-        if (pf)
-            for (std::size_t l = 0; l < group_block_bytes; l += 64)
-                __builtin_prefetch(reinterpret_cast<const char*>(pf) + std::size_t(b) * group_block_bytes + l, 0, 3);
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(o)));
-        __m512i wt[8];
-        for (int j = 0; j < 8; ++j) wt[j] = _mm512_loadu_si512(o + 32 + 64 * j);
-        for (int c = 0; c < C; ++c) {
-            const cd::a8_lane& x = a[b * C + c];
-            __m512i dot = _mm512_set1_epi32(x.corr);
-            for (int j = 0; j < 8; ++j) dot = _mm512_dpbusd_epi32(dot, wt[j], _mm512_broadcastd_epi32(_mm_loadu_si32(x.qs + 4 * j)));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(x.d)), acc[c]);
-        }
-    }
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(y + c * ldy, _mm512_permutexvar_ps(lane_row, acc[c]));
+    cd::k512::q8_0_x16_tile<C>(g, cd::k512::lanes_packed{a, C}, nb, y, ldy, pf);
 }
 using repacked_fn = void (*)(const std::byte*, const cd::a8_lane*, std::int64_t, float*, std::int64_t, const std::byte*);
 constexpr repacked_fn repacked_tiles[8] = {repacked_tile<1>, repacked_tile<2>, repacked_tile<3>, repacked_tile<4>,
@@ -142,7 +108,7 @@ int main(int argc, char** argv) {
     }
     weight w;
     w.data = file.p; w.type = dtype::q8_0; w.cols = K; w.rows = rows; w.row_bytes = ws; w.name = "probe";
-    for (std::int64_t g = 0; g < groups; ++g) repack_group(file.p + std::size_t(g) * 16 * ws, ws, nb, packed_w.p + std::size_t(g) * 16 * ws);
+    for (std::int64_t g = 0; g < groups; ++g) cd::k512::repack_q8_0_x16(file.p + std::size_t(g) * 16 * ws, ws, nb, packed_w.p + std::size_t(g) * 16 * ws);
 
     const cd::kernel_set& ks = cd::kernels_for(dtype::q8_0);
     const std::size_t as = cd::act_row_bytes(ks.act, K);

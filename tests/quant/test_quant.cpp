@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include <clover/backend/cpu/cpu.hpp>
 #include <clover/quant/rows.hpp>
@@ -366,6 +367,33 @@ TEST_CASE("the fast Q8_0 lanes tiles (16 rows x 1..8 tokens, packed or a8_pair r
                     CHECK(bad == 0);
                     ++tested;
                 }
+#if CLOVER_CPU_AVX512_VNNI
+        // the same rows repacked into a 16-row group (k512::repack_q8_0_x16): the same bits
+        for (const std::int64_t r0 : {0, 19}) {
+            std::vector<std::byte> group(std::size_t(K / 32) * cd::k512::q8_0_x16_block_bytes), next(group.size());
+            cd::k512::repack_q8_0_x16(m.w.row(r0), m.w.row_bytes, K / 32, group.data());
+            cd::k512::repack_q8_0_x16(m.w.row(16), m.w.row_bytes, K / 32, next.data());
+            [&]<int... Cs>(std::integer_sequence<int, Cs...>) {
+                ([&] {
+                    constexpr int C = Cs + 1;
+                    std::vector<cd::a8_lane> packed(std::size_t(C * K / 32));
+                    cd::pack_a8_lanes(ap, stride, C, K / 32, packed.data());
+                    for (const bool pf : {false, true}) {
+                        CAPTURE(r0); CAPTURE(C); CAPTURE(pf);
+                        float y[8 * 16], yr[8 * 16];
+                        cd::k512::q8_0_x16_tile<C>(group.data(), cd::k512::lanes_packed{packed.data(), C}, K / 32, y, 16,
+                                                   pf ? next.data() : nullptr);
+                        cd::k512::q8_0_x16_tile<C>(group.data(), cd::k512::lanes_rows{ap, stride}, K / 32, yr, 16, pf ? next.data() : nullptr);
+                        int bad = 0;
+                        for (int c = 0; c < C; ++c)
+                            for (int r = 0; r < 16; ++r) bad += !same(y[c * 16 + r], twin(r0 + r, c)) + !same(yr[c * 16 + r], twin(r0 + r, c));
+                        CHECK(bad == 0);
+                        ++tested;
+                    }
+                }(), ...);
+            }(std::make_integer_sequence<int, 8>{});
+        }
+#endif
         // gemm_block: not row-exact, from lanes_from tokens on (decode-sized and prefill-sized
         // token ranges): groups of 16 rows equal the twin, the 3 rows left equal the row tiles;
         // row-exact or below lanes_from: every row equals the row tiles
