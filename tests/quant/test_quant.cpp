@@ -446,6 +446,30 @@ TEST_CASE("the fast K-quant lanes tiles (Q4_K, Q6_K: 16 rows x 1..8 tokens on a8
                         CHECK(bad == 0);
                         ++tested;
                     }
+#if CLOVER_CPU_AVX512_VNNI
+            // Q4_K rows repacked into a 16-row group (k512::repack_q4_k_x16): the same bits
+            if (t == dtype::q4_k)
+                for (const std::int64_t r0 : {0, 19}) {
+                    std::vector<std::byte> group(std::size_t(K / 256) * cd::k512::q4_k_x16_block_bytes), next(group.size());
+                    cd::k512::repack_q4_k_x16(m.w.row(r0), m.w.row_bytes, K / 256, group.data());
+                    cd::k512::repack_q4_k_x16(m.w.row(16), m.w.row_bytes, K / 256, next.data());
+                    [&]<int... Cs>(std::integer_sequence<int, Cs...>) {
+                        ([&] {
+                            constexpr int C = Cs + 1;
+                            for (const bool pf : {false, true}) {
+                                CAPTURE(r0); CAPTURE(C); CAPTURE(pf);
+                                float y[8 * 16];
+                                cd::k512::q4_k_x16_tile<C>(group.data(), ap, stride, K, y, 16, pf ? next.data() : nullptr);
+                                int bad = 0;
+                                for (int c = 0; c < C; ++c)
+                                    for (int r = 0; r < 16; ++r) bad += !same(y[c * 16 + r], twin(r0 + r, c));
+                                CHECK(bad == 0);
+                                ++tested;
+                            }
+                        }(), ...);
+                    }(std::make_integer_sequence<int, 8>{});
+                }
+#endif
             // gemm_block: as for Q8_0 (no packing here, so no limit on K)
             for (const std::int64_t n : {std::int64_t(ks.lanes_from) - 1, std::int64_t(ks.lanes_from), std::int64_t(8), f.T})
                 for (const bool exact : {false, true}) {

@@ -227,8 +227,8 @@ void q8_0_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
 // nothing: block b of a group at b · 544 bytes holds the 16 rows' f16 scales in lane order
 // (lane l: row q8_0_lanes_row[l]), then the codes as transpose16x32 leaves them, offset to u8 —
 // the bytes of 16 rows of the file, rearranged. Its products are q8_0_lanes_tile's, bit for bit.
-// Not used by the engine yet: bench_q8_0_repack measures it (two threads streaming: 1 token as
-// fast as the row tiles, 8 tokens 1.65x the transposing form; README "A repacked Q8_0 layout").
+// Not used by the engine yet: bench_repack measures it (two threads streaming: 1 token as
+// fast as the row tiles, 8 tokens 1.65x the transposing form; README "A repacked Q8_0 (and Q4_K) layout").
 inline constexpr std::size_t q8_0_x16_block_bytes = 16 * sizeof(quant::block_q8_0);
 // Rows w, w + ws, …, w + 15·ws of nb blocks into out (nb · q8_0_x16_block_bytes bytes).
 inline void repack_q8_0_x16(const std::byte* w, std::size_t ws, std::int64_t nb, std::byte* out) {
@@ -359,23 +359,76 @@ void q6_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
 // Measured (2-core Zen 5 VM, one thread, bench_kernels alternating with the row tiles of
 // 79ee210, four runs): gemm fast 136–189 vs 113–129 GMAC/s (prefill: +20–50 %); batch8 fast
 // 112–117 vs 97–118 (the streaming small batch: at the same ~120 cap as the other fast forms).
-template <int C>
-void q4_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
-                     std::int64_t ldy, const std::byte* pf) {
+// Where q4_k_lanes_body reads a super-block of 16 rows: the file's rows (4 gathers and 4
+// transposes per super-block) or a group repacked once (repack_q4_k_x16: plain loads).
+struct q4_k_rows_source {
+    const std::byte* w;
+    std::size_t ws;
+    __m512i row_off;  // lane l: q8_0_lanes_row[l] · ws
+    q4_k_rows_source(const std::byte* w_, std::size_t ws_)
+        : w(w_), ws(ws_), row_off(_mm512_mullo_epi32(_mm512_loadu_si512(q8_0_lanes_row), _mm512_set1_epi32(int(ws_)))) {}
+    // [d | dmin] and the 12 scale bytes (3 dwords) of each lane's row
+    void scales(std::int64_t b, __m512i& dd, __m512i& w0, __m512i& w1, __m512i& w2) const {
+        const std::byte* base = w + std::size_t(b) * sizeof(quant::block_q4_k);
+        dd = _mm512_i32gather_epi32(row_off, base, 1);
+        w0 = _mm512_i32gather_epi32(row_off, base + 4, 1);
+        w1 = _mm512_i32gather_epi32(row_off, base + 8, 1);
+        w2 = _mm512_i32gather_epi32(row_off, base + 12, 1);
+    }
+    // qs[32p ..] of the 16 rows in the lanes (transpose16x32's layout)
+    void nibbles(std::int64_t b, int p, __m512i (&q)[8]) const {
+        transpose16x32(w + std::size_t(b) * sizeof(quant::block_q4_k) + 16 + 32 * p, ws, q);
+    }
+};
+// A Q4_K group of 16 rows repacked (repack_q4_k_x16): per super-block 2,304 bytes — the 16 rows'
+// [d | dmin], then their scale dwords 0, 1, 2, each as 16 lanes, then qs in 4 chunks of 8
+// registers as transpose16x32 leaves them — the bytes of 16 rows of the file, rearranged.
+inline constexpr std::size_t q4_k_x16_block_bytes = 16 * sizeof(quant::block_q4_k);
+struct q4_k_x16_source {
+    const std::byte* g;
+    void scales(std::int64_t b, __m512i& dd, __m512i& w0, __m512i& w1, __m512i& w2) const {
+        const std::byte* o = g + std::size_t(b) * q4_k_x16_block_bytes;
+        dd = _mm512_loadu_si512(o);
+        w0 = _mm512_loadu_si512(o + 64);
+        w1 = _mm512_loadu_si512(o + 128);
+        w2 = _mm512_loadu_si512(o + 192);
+    }
+    void nibbles(std::int64_t b, int p, __m512i (&q)[8]) const {
+        const std::byte* o = g + std::size_t(b) * q4_k_x16_block_bytes + 256 + 512 * std::size_t(p);
+        for (int j = 0; j < 8; ++j) q[j] = _mm512_loadu_si512(o + 64 * j);
+    }
+};
+// Rows w, w + ws, …, w + 15·ws of nsb super-blocks into out (nsb · q4_k_x16_block_bytes bytes).
+// Not used by the engine yet (bench_repack measures it; README "A repacked Q8_0 (and Q4_K) layout").
+inline void repack_q4_k_x16(const std::byte* w, std::size_t ws, std::int64_t nsb, std::byte* out) {
+    const q4_k_rows_source src(w, ws);
+    for (std::int64_t b = 0; b < nsb; ++b) {
+        std::byte* o = out + std::size_t(b) * q4_k_x16_block_bytes;
+        __m512i v[4];
+        src.scales(b, v[0], v[1], v[2], v[3]);
+        for (int i = 0; i < 4; ++i) _mm512_storeu_si512(o + 64 * i, v[i]);
+        for (int p = 0; p < 4; ++p) {
+            __m512i q[8];
+            src.nibbles(b, p, q);
+            for (int j = 0; j < 8; ++j) _mm512_storeu_si512(o + 256 + 512 * p + 64 * j, q[j]);
+        }
+    }
+}
+
+template <int C, class Source>
+inline void q4_k_lanes_body(const Source& src, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy,
+                     const std::byte* pf) {
     constexpr std::size_t bs = sizeof(quant::block_q4_k);  // 144: f16 d, f16 dmin, scales[12], qs[128]
     const std::int64_t nsb = K / 256;
     const __m512i lane_row = _mm512_loadu_si512(q8_0_lanes_row);
-    const __m512i row_off = _mm512_mullo_epi32(lane_row, _mm512_set1_epi32(int(ws)));
     const __m512i m4 = _mm512_set1_epi8(0x0f), b3f = _mm512_set1_epi8(0x3f), b30 = _mm512_set1_epi8(0x30), lo8 = _mm512_set1_epi32(0xff);
     auto byte_of = [&](__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), lo8); };
     __m512 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (std::int64_t b = 0; b < nsb; ++b) {
         prefetch_share(pf, 16 * bs, b);
-        const std::byte* base = w + std::size_t(b) * bs;
-        const __m512i dd = _mm512_i32gather_epi32(row_off, base, 1);  // [d | dmin] of each lane's row
-        const __m512i w0 = _mm512_i32gather_epi32(row_off, base + 4, 1), w1 = _mm512_i32gather_epi32(row_off, base + 8, 1),
-                      w2 = _mm512_i32gather_epi32(row_off, base + 12, 1);
+        __m512i dd, w0, w1, w2;  // [d | dmin] and the scale dwords of each lane's row
+        src.scales(b, dd, w0, w1, w2);
         // k4_scales, lane-wise: byte j of sc_lo / m_lo is (sc, m)[j], of sc_hi / m_hi (sc, m)[j + 4]
         const __m512i sc_lo = _mm512_and_si512(w0, b3f), m_lo = _mm512_and_si512(w1, b3f);
         const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(w2, m4), _mm512_and_si512(_mm512_srli_epi32(w0, 2), b30));
@@ -400,7 +453,7 @@ void q4_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
         for (int c = 0; c < C; ++c) isum[c] = _mm512_setzero_si512();
         for (int p = 0; p < 4; ++p) {  // qs[32p ..]: sub-blocks 2p (low nibbles) and 2p + 1 (high)
             __m512i lo[8], hi[8];
-            transpose16x32(base + 16 + 32 * p, ws, lo);
+            src.nibbles(b, p, lo);
             for (int j = 0; j < 8; ++j) {
                 hi[j] = _mm512_and_si512(_mm512_srli_epi16(lo[j], 4), m4);
                 lo[j] = _mm512_and_si512(lo[j], m4);
@@ -420,6 +473,17 @@ void q4_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, _mm512_set1_ps(ab[c]->d)), acc[c]);
     }
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(y + c * ldy, _mm512_permutexvar_ps(lane_row, acc[c]));
+}
+template <int C>
+void q4_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
+                     std::int64_t ldy, const std::byte* pf) {
+    q4_k_lanes_body<C>(q4_k_rows_source(w, ws), a, as, K, y, ldy, pf);
+}
+// 16 rows × C ≤ 8 tokens of a repacked group g (K / 256 super-blocks); pf: a group to prefetch.
+template <int C>
+void q4_k_x16_tile(const std::byte* g, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy,
+                   const std::byte* pf) {
+    q4_k_lanes_body<C>(q4_k_x16_source{g}, a, as, K, y, ldy, pf);
 }
 #endif
 

@@ -1,20 +1,23 @@
-// bench_q8_0_repack: a probe of a weight layout the engine does not use yet — Q8_0 weights
+// bench_repack: a probe of a weight layout the engine does not use yet — Q8_0 or Q4_K weights
 // repacked once (at load) into groups of 16 rows, each block's codes already transposed into the
-// lanes and its 16 scales side by side — against the two forms the engine runs today, on the
-// streaming shape of a decode step (one thread, 0.5 GB of weights, K = 2048, C = 1…8 tokens):
+// lanes and the 16 rows' scales side by side (k512::repack_q8_0_x16 / q8_0_x16_tile,
+// repack_q4_k_x16 / q4_k_x16_tile) — against the two forms the engine runs today, on the
+// streaming shape of a decode step (0.5 GB of weights, K = 2048, C = 1…8 tokens):
 //   row tiles  — gemm_block in exact mode (one row per register; C = 1 is the gemv2 decode path)
-//   lanes      — lanes_small_batch: the 16-row form, which transposes each block as it reads it
-//                (16 loads + 24 shuffles per block and 16 rows) and prefetches the next 16 rows
-//   repacked   — the same arithmetic on the repacked group: 8 loads and one scale load per
-//                block, one sequential stream; "+pf" prefetches the group --pf groups ahead.
-// The repacked kernel's sums are those of the lanes form (each block's exact int32 dot, then
-// fma block by block: q8_0_blockwise_ref's order), checked bit for bit here (exit 1 otherwise).
-// What it is for: the row tiles and the lanes form sum in different orders, so the engine uses
-// the lanes form only where a batch need not be row-exact and from 6 tokens on (below, the
-// transposes cost more than they save). A layout in which the 16-row form is as fast as the
-// row tiles at one token would let every product use one order — fast and row-exact at once.
+//   lanes      — the 16-row form, which transposes each block of 16 rows as it reads them (Q8_0:
+//                16 loads + 24 shuffles per block; Q4_K: 4 transposes and 4 gathers per
+//                super-block) and prefetches the next 16 rows (lanes_small_batch for Q8_0, the
+//                rows tile per 16-row group for Q4_K, as gemm_block runs them)
+//   repacked   — the same arithmetic on the repacked groups: plain loads, one sequential stream;
+//                "+pf" prefetches the group --pf groups ahead.
+// The repacked kernels' sums are those of the 16-row forms (the blockwise twins' order), checked
+// bit for bit here (exit 1 otherwise). What it is for: the row tiles and the 16-row forms sum in
+// different orders, so the engine uses the 16-row forms only where a batch need not be row-exact
+// and from 6 tokens on (below, the transposes cost more than they save). A layout in which the
+// 16-row form is as fast as the row tiles at one token would let every product use one order —
+// fast and row-exact at once.
 //
-//   bench_q8_0_repack [-r 5] [-t 1] [--pf 2] [--json]
+//   bench_repack [--type q8_0|q4_k] [-r 5] [-t 1] [--pf 2] [--json]
 // -t N: N threads stream together over interleaved 512-row chunks (wall time; one thread: thread
 // CPU time), which is what a decode step does with the memory bus shared.
 #include <sys/mman.h>
@@ -57,7 +60,7 @@ struct huge_buffer {
         const std::size_t page = io::huge_page_bytes;
         n = (bytes + page - 1) / page * page;
         void* raw = mmap(nullptr, n + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (raw == MAP_FAILED) fail("bench_q8_0_repack: cannot map ", n, " bytes");
+        if (raw == MAP_FAILED) fail("bench_repack: cannot map ", n, " bytes");
         auto* base = static_cast<std::byte*>(raw);
         const std::size_t lead = (page - reinterpret_cast<std::uintptr_t>(base) % page) % page;
         if (lead) munmap(base, lead);
@@ -70,14 +73,23 @@ struct huge_buffer {
     huge_buffer& operator=(const huge_buffer&) = delete;
 };
 
-// The library's repacked form at every token count (k512::q8_0_x16_tile), tokens packed per block.
+// The library's repacked forms at every token count: Q8_0 with its tokens packed per block
+// (a8_lane), Q4_K on the prepared rows (a8k_block).
 template <int C>
-void repacked_tile(const std::byte* g, const cd::a8_lane* a, std::int64_t nb, float* y, std::int64_t ldy, const std::byte* pf) {
-    cd::k512::q8_0_x16_tile<C>(g, cd::k512::lanes_packed{a, C}, nb, y, ldy, pf);
+void repacked_q8_0(const std::byte* g, const cd::a8_lane* a, const cd::act_view&, std::int64_t K, float* y, std::int64_t ldy,
+                   const std::byte* pf) {
+    cd::k512::q8_0_x16_tile<C>(g, cd::k512::lanes_packed{a, C}, K / 32, y, ldy, pf);
 }
-using repacked_fn = void (*)(const std::byte*, const cd::a8_lane*, std::int64_t, float*, std::int64_t, const std::byte*);
-constexpr repacked_fn repacked_tiles[8] = {repacked_tile<1>, repacked_tile<2>, repacked_tile<3>, repacked_tile<4>,
-                                           repacked_tile<5>, repacked_tile<6>, repacked_tile<7>, repacked_tile<8>};
+template <int C>
+void repacked_q4_k(const std::byte* g, const cd::a8_lane*, const cd::act_view& av, std::int64_t K, float* y, std::int64_t ldy,
+                   const std::byte* pf) {
+    cd::k512::q4_k_x16_tile<C>(g, av.data, av.stride, K, y, ldy, pf);
+}
+using repacked_fn = void (*)(const std::byte*, const cd::a8_lane*, const cd::act_view&, std::int64_t, float*, std::int64_t, const std::byte*);
+constexpr repacked_fn repacked_q8_0_tiles[8] = {repacked_q8_0<1>, repacked_q8_0<2>, repacked_q8_0<3>, repacked_q8_0<4>,
+                                                repacked_q8_0<5>, repacked_q8_0<6>, repacked_q8_0<7>, repacked_q8_0<8>};
+constexpr repacked_fn repacked_q4_k_tiles[8] = {repacked_q4_k<1>, repacked_q4_k<2>, repacked_q4_k<3>, repacked_q4_k<4>,
+                                                repacked_q4_k<5>, repacked_q4_k<6>, repacked_q4_k<7>, repacked_q4_k<8>};
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -89,28 +101,39 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
     int reps = 5, pf_groups = 2, threads = 1;
     bool json = false;
+    dtype type = dtype::q8_0;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "-r" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
         else if (a == "--pf" && i + 1 < argc) pf_groups = std::max(1, std::atoi(argv[++i]));
         else if (a == "-t" && i + 1 < argc) threads = std::clamp(std::atoi(argv[++i]), 1, 64);
         else if (a == "--json") json = true;
-        else { std::fprintf(stderr, "usage: bench_q8_0_repack [-r 5] [-t 1] [--pf 2] [--json]\n"); return 2; }
+        else if (a == "--type" && i + 1 < argc && (std::string(argv[i + 1]) == "q8_0" || std::string(argv[i + 1]) == "q4_k"))
+            type = std::string(argv[++i]) == "q8_0" ? dtype::q8_0 : dtype::q4_k;
+        else { std::fprintf(stderr, "usage: bench_repack [--type q8_0|q4_k] [-r 5] [-t 1] [--pf 2] [--json]\n"); return 2; }
     }
-    const std::int64_t K = 2048, nb = K / 32, rows = 240000, groups = rows / 16;  // 0.52 GB: well past any cache
-    const std::size_t ws = sizeof(quant::block_q8_0) * std::size_t(nb);
+    const bool q8 = type == dtype::q8_0;
+    const std::int64_t K = 2048, nb = K / 32;
+    const std::size_t ws = quant::row_bytes(type, K);
+    const std::int64_t rows = std::int64_t(520'000'000 / ws) / 512 * 512, groups = rows / 16;  // ~0.52 GB: well past any cache
     huge_buffer file(ws * std::size_t(rows)), packed_w(ws * std::size_t(rows));
     rng r(5);
     std::vector<float> x(static_cast<std::size_t>(K));
     for (std::int64_t i = 0; i < rows; ++i) {
         for (auto& v : x) v = r.uniform(-1.f, 1.f);
-        quant::quantize_row(dtype::q8_0, x.data(), file.p + std::size_t(i) * ws, K);
+        quant::quantize_row(type, x.data(), file.p + std::size_t(i) * ws, K);
     }
     weight w;
-    w.data = file.p; w.type = dtype::q8_0; w.cols = K; w.rows = rows; w.row_bytes = ws; w.name = "probe";
-    for (std::int64_t g = 0; g < groups; ++g) cd::k512::repack_q8_0_x16(file.p + std::size_t(g) * 16 * ws, ws, nb, packed_w.p + std::size_t(g) * 16 * ws);
+    w.data = file.p; w.type = type; w.cols = K; w.rows = rows; w.row_bytes = ws; w.name = "probe";
+    for (std::int64_t g = 0; g < groups; ++g) {
+        const std::byte* src = file.p + std::size_t(g) * 16 * ws;
+        std::byte* dst = packed_w.p + std::size_t(g) * 16 * ws;
+        if (q8) cd::k512::repack_q8_0_x16(src, ws, nb, dst);
+        else cd::k512::repack_q4_k_x16(src, ws, K / 256, dst);
+    }
+    const repacked_fn* repacked_tiles = q8 ? repacked_q8_0_tiles : repacked_q4_k_tiles;
 
-    const cd::kernel_set& ks = cd::kernels_for(dtype::q8_0);
+    const cd::kernel_set& ks = cd::kernels_for(type);
     const std::size_t as = cd::act_row_bytes(ks.act, K);
     auto* act = static_cast<std::byte*>(std::aligned_alloc(64, 8 * as));
     auto* lanes = static_cast<cd::a8_lane*>(std::aligned_alloc(64, 8 * std::size_t(nb) * sizeof(cd::a8_lane)));
@@ -123,24 +146,27 @@ int main(int argc, char** argv) {
     std::vector<float> y_rows(std::size_t(8 * rows)), y_lanes(y_rows.size()), y_pack(y_rows.size());
 
     if (!json)
-        std::printf("bench_q8_0_repack: %d thread(s), Q8_0 %lld x %lld streaming (%.2f GB), GMAC/s (medians of %d), prefetch %d groups ahead\n"
+        std::printf("bench_repack: %d thread(s), %s %lld x %lld streaming (%.2f GB), GMAC/s (medians of %d), prefetch %d groups ahead\n"
                     "| tokens | row tiles | lanes (transposing) | repacked | repacked+pf | repacked+pf / row tiles | repacked+pf / lanes |\n"
                     "|---|---|---|---|---|---|---|\n",
-                    threads, (long long)rows, (long long)K, double(ws) * double(rows) * 1e-9, reps, pf_groups);
+                    threads, q8 ? "Q8_0" : "Q4_K", (long long)rows, (long long)K, double(ws) * double(rows) * 1e-9, reps, pf_groups);
     bool all_same = true;
     for (int C = 1; C <= 8; ++C) {
-        cd::pack_a8_lanes(act, as, C, nb, lanes);
+        if (q8) cd::pack_a8_lanes(act, as, C, nb, lanes);
         // Form f over 512-row chunks k ≡ tid (mod threads), as the engine's pool hands out chunks.
         auto form = [&](int f, int tid) {
             for (std::int64_t r0 = 512 * tid; r0 < rows; r0 += 512 * threads) {
                 const std::int64_t r1 = std::min(rows, r0 + 512);
                 if (f == 0) cd::gemm_block(ks, w, r0, r1, av, 0, C, y_rows.data(), rows, true);
-                else if (f == 1) cd::lanes_small_batch(ks, w, r0, r1, av, 0, C, y_lanes.data(), rows);
+                else if (f == 1 && q8) cd::lanes_small_batch(ks, w, r0, r1, av, 0, C, y_lanes.data(), rows);
+                else if (f == 1)  // as lanes_block's small batch runs Q4_K: each 16-row group prefetching the next
+                    for (std::int64_t g = r0; g < r1; g += 16)
+                        ks.lanes_rows_tile(C)(w.row(g), ws, act, as, K, y_lanes.data() + g, rows, g + 16 < r1 ? w.row(g + 16) : nullptr);
                 else
                     for (std::int64_t g = r0 / 16; g < r1 / 16; ++g) {
                         const std::int64_t next = g + 1 < r1 / 16 ? g + 1 : g + 1 + 32 * (threads - 1);  // this thread's next chunk
                         const std::int64_t ahead = f == 3 ? next + pf_groups - 1 : -1;
-                        repacked_tiles[C - 1](packed_w.p + std::size_t(g) * 16 * ws, lanes, nb, y_pack.data() + g * 16, rows,
+                        repacked_tiles[C - 1](packed_w.p + std::size_t(g) * 16 * ws, lanes, av, K, y_pack.data() + g * 16, rows,
                                               ahead >= 0 && ahead < groups ? packed_w.p + std::size_t(ahead) * 16 * ws : nullptr);
                     }
             }
@@ -165,9 +191,9 @@ int main(int argc, char** argv) {
         const double macs = double(rows) * double(K) * C * 1e-9;
         const double g0 = macs / median(t[0]), g1 = macs / median(t[1]), g2 = macs / median(t[2]), g3 = macs / median(t[3]);
         if (json)
-            std::printf("{\"bench\":\"q8_0_repack\",\"threads\":%d,\"tokens\":%d,\"rows\":%lld,\"K\":%lld,\"pf_groups\":%d,\"row_tiles_gmacs\":%.2f,"
+            std::printf("{\"bench\":\"repack\",\"type\":\"%s\",\"threads\":%d,\"tokens\":%d,\"rows\":%lld,\"K\":%lld,\"pf_groups\":%d,\"row_tiles_gmacs\":%.2f,"
                         "\"lanes_gmacs\":%.2f,\"repacked_gmacs\":%.2f,\"repacked_pf_gmacs\":%.2f,\"same_as_lanes\":%s}\n",
-                        threads, C, (long long)rows, (long long)K, pf_groups, g0, g1, g2, g3, same ? "true" : "false");
+                        q8 ? "q8_0" : "q4_k", threads, C, (long long)rows, (long long)K, pf_groups, g0, g1, g2, g3, same ? "true" : "false");
         else
             std::printf("| %d | %.1f | %.1f | %.1f | %.1f | %.2fx | %.2fx |%s\n", C, g0, g1, g2, g3, g3 / g0, g3 / g1,
                         same ? "" : " (NOT the lanes form's bits)");
@@ -177,7 +203,7 @@ int main(int argc, char** argv) {
 }
 #else
 int main() {
-    std::printf("bench_q8_0_repack: needs a build with AVX-512 VNNI (this one has %s)\n", clover::backend::cpu_detail::isa_name());
+    std::printf("bench_repack: needs a build with AVX-512 VNNI (this one has %s)\n", clover::backend::cpu_detail::isa_name());
     return 0;
 }
 #endif
