@@ -9,38 +9,28 @@
 // Then attention (--attention: only that): one GQA group of query heads over an F16 KV cache in
 // pages of 32 (attend_group, the CPU backend's kernel, against attend_group_ref, its plain twin,
 // which gives the same bits): microseconds per query row and the ratio.
-// Times are the thread's CPU time (see now_s).
+// Times are the thread's CPU time (see bench::thread_cpu_s).
 // The README's kernel table comes from this program. Medians of -r repetitions.
 //
 //   bench_kernels [-r 5] [--types q8_0,q4_k,...] [--attention] [--json]
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include <clover/backend/cpu/cpu.hpp>
-#include <clover/core/error.hpp>
-#include <clover/io/huge_pages.hpp>
 #include <clover/core/rng.hpp>
 #include <clover/quant/rows.hpp>
 
+#include "kernel_bench_util.hpp"
+
 using namespace clover;
 namespace cd = clover::backend::cpu_detail;
+using bench::median;
 
 namespace {
-
-// Thread CPU time, not wall time: the machine is shared, and a time slice lost to another
-// process must not count against a kernel (memory stalls still do: they are CPU time).
-double now_s() {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
 
 struct variant_k {
     std::string isa;
@@ -72,44 +62,6 @@ std::vector<variant_k> variants_of(dtype t) {
     v.push_back({cd::isa_name(), cd::kernels_for(t)});
 #endif
     return v;
-}
-
-// The weights in anonymous memory advised for 2 MiB pages, as clover places a model's weights by
-// default (io/huge_pages.hpp), so that the streaming columns measure what a decode step runs on
-// (a plain vector got 4 KB pages under THP "madvise"). One thread read about the same either way
-// on a 2-core Zen 5 VM (gemv 20–22 GB/s); the pages showed with both cores streaming.
-struct matrix {
-    struct unmap {
-        std::size_t n;
-        void operator()(std::byte* p) const { munmap(p, n); }
-    };
-    std::unique_ptr<std::byte, unmap> bytes{nullptr, {0}};
-    weight w;
-    matrix(dtype t, std::int64_t rows, std::int64_t cols) {
-        rng r(5);
-        std::vector<float> row(std::size_t(cols), 0.f);
-        const std::size_t rb = quant::row_bytes(t, cols), page = io::huge_page_bytes;
-        const std::size_t n = (rb * std::size_t(rows) + page - 1) / page * page;
-        // over-allocate by one page so that the region can start on a 2 MiB boundary
-        void* raw = mmap(nullptr, n + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (raw == MAP_FAILED) fail("bench_kernels: cannot map ", n, " bytes for the weights");
-        auto* base = static_cast<std::byte*>(raw);
-        const std::size_t lead = (page - reinterpret_cast<std::uintptr_t>(base) % page) % page;
-        if (lead) munmap(base, lead);
-        munmap(base + lead + n, page - lead);
-        bytes = {base + lead, {n}};
-        madvise(bytes.get(), n, MADV_HUGEPAGE);  // a hint: without THP the pages stay 4 KB
-        for (std::int64_t i = 0; i < rows; ++i) {
-            for (auto& x : row) x = r.uniform(-1.f, 1.f);
-            quant::quantize_row(t, row.data(), bytes.get() + std::size_t(i) * rb, cols);
-        }
-        w.data = bytes.get(); w.type = t; w.cols = cols; w.rows = rows; w.row_bytes = rb; w.name = "bench";
-    }
-};
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
 }
 
 // attend_group vs its twin for the bundled model's shape (2 query heads per KV head, head size
@@ -151,20 +103,20 @@ void bench_attention(int reps, bool json) {
             std::vector<cd::kv_run> cut;
             std::vector<double> plain, fast, one_by_one, rows;
             for (int rep = 0; rep < reps; ++rep) {
-                double t0 = now_s();
+                double t0 = bench::thread_cpu_s();
                 for (int i = 0; i < inner; ++i) cd::attend_group_ref(q.data(), sh.G, runs, sh.hd, 0.125f, out.data(), p);
-                plain.push_back((now_s() - t0) / inner * 1e6);
-                t0 = now_s();
+                plain.push_back((bench::thread_cpu_s() - t0) / inner * 1e6);
+                t0 = bench::thread_cpu_s();
                 for (int i = 0; i < inner; ++i) cd::attend_group(q.data(), sh.G, runs, sh.hd, 0.125f, out.data(), p);
-                fast.push_back((now_s() - t0) / inner * 1e6);
+                fast.push_back((bench::thread_cpu_s() - t0) / inner * 1e6);
                 const int inner4 = std::max(1, inner / R);
-                t0 = now_s();
+                t0 = bench::thread_cpu_s();
                 for (int i = 0; i < inner4; ++i)
                     for (int x = 0; x < R; ++x) cd::attend_group(qp[x], sh.G, alone[std::size_t(x)], sh.hd, 0.125f, op[x], p);
-                one_by_one.push_back((now_s() - t0) / inner4 * 1e6);
-                t0 = now_s();
+                one_by_one.push_back((bench::thread_cpu_s() - t0) / inner4 * 1e6);
+                t0 = bench::thread_cpu_s();
                 for (int i = 0; i < inner4; ++i) cd::attend_rows(qp, nk, R, sh.G, runs, sh.hd, 0.125f, op, p, cut);
-                rows.push_back((now_s() - t0) / inner4 * 1e6);
+                rows.push_back((bench::thread_cpu_s() - t0) / inner4 * 1e6);
             }
             const double a = median(plain), b = median(fast), c = median(one_by_one), d = median(rows);
             if (json)
@@ -211,7 +163,8 @@ int main(int argc, char** argv) {
     for (dtype t : types) {
         // decode: ~512 MiB of weights (far beyond the caches); prefill: 256 rows (fits L2)
         const std::int64_t rows_big = std::int64_t((512ull << 20) / quant::row_bytes(t, K)) / 4 * 4;
-        matrix big(t, rows_big, K), small(t, 256, K);
+        rng rb(5), rs(5);  // each matrix draws its values from seed 5
+        bench::random_matrix big(t, rows_big, K, rb), small(t, 256, K, rs);
         rng r(9);
         std::vector<float> x(std::size_t(64 * K));
         for (auto& v : x) v = r.uniform(-1.f, 1.f);
@@ -228,23 +181,23 @@ int main(int argc, char** argv) {
             const std::int64_t gemv_rows = scalar ? rows_big / 16 : rows_big;
             std::vector<double> gbs, gmacs, b8, gmacs_fast, b8_fast;
             for (int rep = 0; rep < reps; ++rep) {
-                const double t0 = now_s();
+                const double t0 = bench::thread_cpu_s();
                 cd::gemm_block(var.ks, big.w, 0, gemv_rows, av, 0, 1, y.data(), big.w.rows, true);
-                gbs.push_back(double(gemv_rows) * double(big.w.row_bytes) / (now_s() - t0) / 1e9);
+                gbs.push_back(double(gemv_rows) * double(big.w.row_bytes) / (bench::thread_cpu_s() - t0) / 1e9);
                 const int inner = scalar ? 1 : 8;
-                const double t1 = now_s();
+                const double t1 = bench::thread_cpu_s();
                 for (int k = 0; k < inner; ++k) cd::gemm_block(var.ks, small.w, 0, 256, av, 0, 64, y.data(), 256, true);
-                gmacs.push_back(double(inner) * 256.0 * 64.0 * double(K) / (now_s() - t1) / 1e9);
-                const double t3 = now_s();
+                gmacs.push_back(double(inner) * 256.0 * 64.0 * double(K) / (bench::thread_cpu_s() - t1) / 1e9);
+                const double t3 = bench::thread_cpu_s();
                 for (int k = 0; k < inner; ++k) cd::gemm_block(var.ks, small.w, 0, 256, av, 0, 64, y.data(), 256, false);
-                gmacs_fast.push_back(double(inner) * 256.0 * 64.0 * double(K) / (now_s() - t3) / 1e9);
+                gmacs_fast.push_back(double(inner) * 256.0 * 64.0 * double(K) / (bench::thread_cpu_s() - t3) / 1e9);
                 const std::int64_t b8_rows = scalar ? rows_big / 128 / 4 * 4 : rows_big;
-                const double t2 = now_s();
+                const double t2 = bench::thread_cpu_s();
                 cd::gemm_block(var.ks, big.w, 0, b8_rows, av, 0, 8, y.data(), big.w.rows, true);
-                b8.push_back(double(b8_rows) * 8.0 * double(K) / (now_s() - t2) / 1e9);
-                const double t4 = now_s();
+                b8.push_back(double(b8_rows) * 8.0 * double(K) / (bench::thread_cpu_s() - t2) / 1e9);
+                const double t4 = bench::thread_cpu_s();
                 cd::gemm_block(var.ks, big.w, 0, b8_rows, av, 0, 8, y.data(), big.w.rows, false);
-                b8_fast.push_back(double(b8_rows) * 8.0 * double(K) / (now_s() - t4) / 1e9);
+                b8_fast.push_back(double(b8_rows) * 8.0 * double(K) / (bench::thread_cpu_s() - t4) / 1e9);
             }
             if (json)
                 std::printf("{\"type\":\"%s\",\"isa\":\"%s\",\"gemv_gbs\":%.2f,\"gemm_gmacs\":%.2f,\"batch8_gmacs\":%.2f,"

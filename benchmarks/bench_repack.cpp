@@ -20,58 +20,27 @@
 //   bench_repack [--type q8_0|q4_k] [-r 5] [-t 1] [--pf 2] [--json]
 // -t N: N threads stream together over interleaved 512-row chunks (wall time; one thread: thread
 // CPU time), which is what a decode step does with the memory bus shared.
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <chrono>
-#include <ctime>
-#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <clover/backend/cpu/cpu.hpp>
-#include <clover/core/error.hpp>
 #include <clover/core/rng.hpp>
-#include <clover/io/huge_pages.hpp>
 #include <clover/quant/rows.hpp>
+
+#include "kernel_bench_util.hpp"
 
 using namespace clover;
 namespace cd = clover::backend::cpu_detail;
 
 #if CLOVER_CPU_AVX512_VNNI
 namespace {
-
-double now_s() {  // thread CPU time: a time slice lost to another process does not count
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-// Anonymous memory on a 2 MiB boundary, advised for huge pages (as the engine places weights).
-struct huge_buffer {
-    std::byte* p = nullptr;
-    std::size_t n = 0;
-    explicit huge_buffer(std::size_t bytes) {
-        const std::size_t page = io::huge_page_bytes;
-        n = (bytes + page - 1) / page * page;
-        void* raw = mmap(nullptr, n + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (raw == MAP_FAILED) fail("bench_repack: cannot map ", n, " bytes");
-        auto* base = static_cast<std::byte*>(raw);
-        const std::size_t lead = (page - reinterpret_cast<std::uintptr_t>(base) % page) % page;
-        if (lead) munmap(base, lead);
-        munmap(base + lead + n, page - lead);
-        p = base + lead;
-        madvise(p, n, MADV_HUGEPAGE);
-    }
-    ~huge_buffer() { munmap(p, n); }
-    huge_buffer(const huge_buffer&) = delete;
-    huge_buffer& operator=(const huge_buffer&) = delete;
-};
 
 // The library's repacked forms at every token count: Q8_0 with its tokens packed per block
 // (a8_lane), Q4_K on the prepared rows (a8k_block).
@@ -90,11 +59,6 @@ constexpr repacked_fn repacked_q8_0_tiles[8] = {repacked_q8_0<1>, repacked_q8_0<
                                                 repacked_q8_0<5>, repacked_q8_0<6>, repacked_q8_0<7>, repacked_q8_0<8>};
 constexpr repacked_fn repacked_q4_k_tiles[8] = {repacked_q4_k<1>, repacked_q4_k<2>, repacked_q4_k<3>, repacked_q4_k<4>,
                                                 repacked_q4_k<5>, repacked_q4_k<6>, repacked_q4_k<7>, repacked_q4_k<8>};
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
 
 }  // namespace
 
@@ -116,18 +80,13 @@ int main(int argc, char** argv) {
     const std::int64_t K = 2048, nb = K / 32;
     const std::size_t ws = quant::row_bytes(type, K);
     const std::int64_t rows = std::int64_t(520'000'000 / ws) / 512 * 512, groups = rows / 16;  // ~0.52 GB: well past any cache
-    huge_buffer file(ws * std::size_t(rows)), packed_w(ws * std::size_t(rows));
     rng r(5);
-    std::vector<float> x(static_cast<std::size_t>(K));
-    for (std::int64_t i = 0; i < rows; ++i) {
-        for (auto& v : x) v = r.uniform(-1.f, 1.f);
-        quant::quantize_row(type, x.data(), file.p + std::size_t(i) * ws, K);
-    }
-    weight w;
-    w.data = file.p; w.type = type; w.cols = K; w.rows = rows; w.row_bytes = ws; w.name = "probe";
+    const bench::random_matrix file(type, rows, K, r);
+    const weight& w = file.w;
+    const bench::huge_buffer packed_w(ws * std::size_t(rows));
     for (std::int64_t g = 0; g < groups; ++g) {
-        const std::byte* src = file.p + std::size_t(g) * 16 * ws;
-        std::byte* dst = packed_w.p + std::size_t(g) * 16 * ws;
+        const std::byte* src = w.row(16 * g);
+        std::byte* dst = packed_w.data() + std::size_t(g) * 16 * ws;
         if (q8) cd::k512::repack_q8_0_x16(src, ws, nb, dst);
         else cd::k512::repack_q4_k_x16(src, ws, K / 256, dst);
     }
@@ -135,9 +94,9 @@ int main(int argc, char** argv) {
 
     const cd::kernel_set& ks = cd::kernels_for(type);
     const std::size_t as = cd::act_row_bytes(ks.act, K);
-    auto* act = static_cast<std::byte*>(std::aligned_alloc(64, 8 * as));
-    auto* lanes = static_cast<cd::a8_lane*>(std::aligned_alloc(64, 8 * std::size_t(nb) * sizeof(cd::a8_lane)));
-    std::unique_ptr<void, void (*)(void*)> free_act(act, std::free), free_lanes(lanes, std::free);
+    cd::aligned_buffer act_buf, lanes_buf;
+    std::byte* act = act_buf.get(8 * as);
+    auto* lanes = reinterpret_cast<cd::a8_lane*>(lanes_buf.get(8 * std::size_t(nb) * sizeof(cd::a8_lane)));
     cd::prep_scratch ps;
     std::vector<float> xt(std::size_t(8 * K));
     for (auto& v : xt) v = r.uniform(-1.f, 1.f);
@@ -166,8 +125,8 @@ int main(int argc, char** argv) {
                     for (std::int64_t g = r0 / 16; g < r1 / 16; ++g) {
                         const std::int64_t next = g + 1 < r1 / 16 ? g + 1 : g + 1 + 32 * (threads - 1);  // this thread's next chunk
                         const std::int64_t ahead = f == 3 ? next + pf_groups - 1 : -1;
-                        repacked_tiles[C - 1](packed_w.p + std::size_t(g) * 16 * ws, lanes, av, K, y_pack.data() + g * 16, rows,
-                                              ahead >= 0 && ahead < groups ? packed_w.p + std::size_t(ahead) * 16 * ws : nullptr);
+                        repacked_tiles[C - 1](packed_w.data() + std::size_t(g) * 16 * ws, lanes, av, K, y_pack.data() + g * 16, rows,
+                                              ahead >= 0 && ahead < groups ? packed_w.data() + std::size_t(ahead) * 16 * ws : nullptr);
                     }
             }
         };
@@ -175,9 +134,9 @@ int main(int argc, char** argv) {
         for (int rep = 0; rep < reps; ++rep)  // the four forms alternate within every repetition
             for (int f = 0; f < 4; ++f) {
                 if (threads == 1) {
-                    const double t0 = now_s();
+                    const double t0 = bench::thread_cpu_s();
                     form(f, 0);
-                    t[f].push_back(now_s() - t0);
+                    t[f].push_back(bench::thread_cpu_s() - t0);
                 } else {  // wall time: both threads must stream at once
                     const auto t0 = std::chrono::steady_clock::now();
                     std::vector<std::thread> pool;
@@ -189,7 +148,7 @@ int main(int argc, char** argv) {
         const bool same = std::memcmp(y_lanes.data(), y_pack.data(), sizeof(float) * std::size_t(C * rows)) == 0;
         all_same = all_same && same;
         const double macs = double(rows) * double(K) * C * 1e-9;
-        const double g0 = macs / median(t[0]), g1 = macs / median(t[1]), g2 = macs / median(t[2]), g3 = macs / median(t[3]);
+        const double g0 = macs / bench::median(t[0]), g1 = macs / bench::median(t[1]), g2 = macs / bench::median(t[2]), g3 = macs / bench::median(t[3]);
         if (json)
             std::printf("{\"bench\":\"repack\",\"type\":\"%s\",\"threads\":%d,\"tokens\":%d,\"rows\":%lld,\"K\":%lld,\"pf_groups\":%d,\"row_tiles_gmacs\":%.2f,"
                         "\"lanes_gmacs\":%.2f,\"repacked_gmacs\":%.2f,\"repacked_pf_gmacs\":%.2f,\"same_as_lanes\":%s}\n",
