@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include <clover/backend/cpu/cpu.hpp>
@@ -296,6 +297,12 @@ TEST_CASE("the streaming tiles (2 rows x 1..8 tokens, prefetching the next pair)
 #endif
 }
 
+// f(std::integral_constant<int, C>{}) for C = 1 … 8 (the repacked tiles take C as a template argument).
+template <class F>
+void for_tokens_1_to_8(F f) {
+    [&]<int... Cs>(std::integer_sequence<int, Cs...>) { (f(std::integral_constant<int, Cs + 1>{}), ...); }(std::make_integer_sequence<int, 8>{});
+}
+
 // Shared by the fast-form tests: 35 weight rows of type t (two groups of 16 and 3 left over)
 // and T = 13 activation rows, as the twins read them (xa: the partner type's standard rows) and
 // as the kernels do (ap: the prepared rows).
@@ -324,6 +331,28 @@ struct lanes_fixture {
         ks.tile(1, 1)(m.w.row(r), m.w.row_bytes, ap + c * stride, stride, K, &v, 1);
         return v;
     }
+    // The (row, token) results of a 16-row tile at rows r0 … r0 + 15 (y[c·16 + r], C tokens)
+    // that differ from the twin.
+    template <class Twin>
+    static int tile_mismatches(const float* y, int C, std::int64_t r0, Twin twin) {
+        int bad = 0;
+        for (int c = 0; c < C; ++c)
+            for (int r = 0; r < 16; ++r) bad += !same(y[c * 16 + r], twin(r0 + r, c));
+        return bad;
+    }
+#if CLOVER_CPU_AVX512_VNNI
+    // Rows r0 … r0 + 15 repacked by repack (k512::repack_*_x16, nb blocks of block_bytes per
+    // group), and rows 16 … 31, the group a prefetch reads.
+    template <class Repack>
+    std::pair<std::vector<std::byte>, std::vector<std::byte>> repacked(Repack repack, std::int64_t nb, std::size_t block_bytes,
+                                                                       std::int64_t r0) const {
+        std::pair<std::vector<std::byte>, std::vector<std::byte>> g{std::vector<std::byte>(std::size_t(nb) * block_bytes),
+                                                                     std::vector<std::byte>(std::size_t(nb) * block_bytes)};
+        repack(m.w.row(r0), m.w.row_bytes, nb, g.first.data());
+        repack(m.w.row(16), m.w.row_bytes, nb, g.second.data());
+        return g;
+    }
+#endif
     // gemm_block at n tokens: where `fast`, groups of 16 rows equal the twin and the 3 rows left
     // equal the row tiles; otherwise every row equals the row tiles. Returns the rows that differ.
     template <class Twin>
@@ -347,7 +376,6 @@ TEST_CASE("the fast Q8_0 lanes tiles (16 rows x 1..8 tokens, packed or a8_pair r
         const test_matrix& m = f.m;
         const std::byte* ap = f.ap;
         const std::size_t stride = f.stride;
-        auto same = lanes_fixture::same;
         auto twin = [&](std::int64_t r, std::int64_t c) { return cd::q8_0_blockwise_ref(m.w.row(r), f.xrow(c), K); };
         auto one_row = [&](std::int64_t r, std::int64_t c) { return f.one_row(r, c); };
         // the tiles: rows 0–15 and 19–34, with and without prefetching the next rows
@@ -361,37 +389,27 @@ TEST_CASE("the fast Q8_0 lanes tiles (16 rows x 1..8 tokens, packed or a8_pair r
                     ks.lanes_tile(C)(m.w.row(r0), m.w.row_bytes, packed.data(), K, y, 16, pf ? m.w.row(16) : nullptr);
                     float yr[8 * 16];  // the prefill form, on the a8_pair rows
                     ks.lanes_rows_tile(C)(m.w.row(r0), m.w.row_bytes, ap, stride, K, yr, 16, pf ? m.w.row(16) : nullptr);
-                    int bad = 0;
-                    for (int c = 0; c < C; ++c)
-                        for (int r = 0; r < 16; ++r) bad += !same(y[c * 16 + r], twin(r0 + r, c)) + !same(yr[c * 16 + r], twin(r0 + r, c));
-                    CHECK(bad == 0);
+                    CHECK(f.tile_mismatches(y, C, r0, twin) + f.tile_mismatches(yr, C, r0, twin) == 0);
                     ++tested;
                 }
 #if CLOVER_CPU_AVX512_VNNI
         // the same rows repacked into a 16-row group (k512::repack_q8_0_x16): the same bits
         for (const std::int64_t r0 : {0, 19}) {
-            std::vector<std::byte> group(std::size_t(K / 32) * cd::k512::q8_0_x16_block_bytes), next(group.size());
-            cd::k512::repack_q8_0_x16(m.w.row(r0), m.w.row_bytes, K / 32, group.data());
-            cd::k512::repack_q8_0_x16(m.w.row(16), m.w.row_bytes, K / 32, next.data());
-            [&]<int... Cs>(std::integer_sequence<int, Cs...>) {
-                ([&] {
-                    constexpr int C = Cs + 1;
-                    std::vector<cd::a8_lane> packed(std::size_t(C * K / 32));
-                    cd::pack_a8_lanes(ap, stride, C, K / 32, packed.data());
-                    for (const bool pf : {false, true}) {
-                        CAPTURE(r0); CAPTURE(C); CAPTURE(pf);
-                        float y[8 * 16], yr[8 * 16];
-                        cd::k512::q8_0_x16_tile<C>(group.data(), cd::k512::lanes_packed{packed.data(), C}, K / 32, y, 16,
-                                                   pf ? next.data() : nullptr);
-                        cd::k512::q8_0_x16_tile<C>(group.data(), cd::k512::lanes_rows{ap, stride}, K / 32, yr, 16, pf ? next.data() : nullptr);
-                        int bad = 0;
-                        for (int c = 0; c < C; ++c)
-                            for (int r = 0; r < 16; ++r) bad += !same(y[c * 16 + r], twin(r0 + r, c)) + !same(yr[c * 16 + r], twin(r0 + r, c));
-                        CHECK(bad == 0);
-                        ++tested;
-                    }
-                }(), ...);
-            }(std::make_integer_sequence<int, 8>{});
+            const auto groups = f.repacked(cd::k512::repack_q8_0_x16, K / 32, cd::k512::q8_0_x16_block_bytes, r0);
+            for_tokens_1_to_8([&](auto tokens) {
+                constexpr int C = decltype(tokens)::value;
+                std::vector<cd::a8_lane> packed(std::size_t(C * K / 32));
+                cd::pack_a8_lanes(ap, stride, C, K / 32, packed.data());
+                for (const bool pf : {false, true}) {
+                    CAPTURE(r0); CAPTURE(C); CAPTURE(pf);
+                    const std::byte* next = pf ? groups.second.data() : nullptr;
+                    float y[8 * 16], yr[8 * 16];
+                    cd::k512::q8_0_x16_tile<C>(groups.first.data(), cd::k512::lanes_packed{packed.data(), C}, K / 32, y, 16, next);
+                    cd::k512::q8_0_x16_tile<C>(groups.first.data(), cd::k512::lanes_rows{ap, stride}, K / 32, yr, 16, next);
+                    CHECK(f.tile_mismatches(y, C, r0, twin) + f.tile_mismatches(yr, C, r0, twin) == 0);
+                    ++tested;
+                }
+            });
         }
 #endif
         // gemm_block: not row-exact, from lanes_from tokens on (decode-sized and prefill-sized
@@ -431,7 +449,6 @@ TEST_CASE("the fast K-quant lanes tiles (Q4_K, Q6_K: 16 rows x 1..8 tokens on a8
             const test_matrix& m = f.m;
             const std::byte* ap = f.ap;
             const std::size_t stride = f.stride;
-            auto same = lanes_fixture::same;
             auto twin = [&](std::int64_t r, std::int64_t c) { return blockwise(m.w.row(r), f.xrow(c), K); };
             auto one_row = [&](std::int64_t r, std::int64_t c) { return f.one_row(r, c); };
             for (const std::int64_t r0 : {0, 19})
@@ -440,34 +457,24 @@ TEST_CASE("the fast K-quant lanes tiles (Q4_K, Q6_K: 16 rows x 1..8 tokens on a8
                         CAPTURE(r0); CAPTURE(C); CAPTURE(pf);
                         float y[8 * 16];
                         ks.lanes_rows_tile(C)(m.w.row(r0), m.w.row_bytes, ap, stride, K, y, 16, pf ? m.w.row(16) : nullptr);
-                        int bad = 0;
-                        for (int c = 0; c < C; ++c)
-                            for (int r = 0; r < 16; ++r) bad += !same(y[c * 16 + r], twin(r0 + r, c));
-                        CHECK(bad == 0);
+                        CHECK(f.tile_mismatches(y, C, r0, twin) == 0);
                         ++tested;
                     }
 #if CLOVER_CPU_AVX512_VNNI
             // Q4_K rows repacked into a 16-row group (k512::repack_q4_k_x16): the same bits
             if (t == dtype::q4_k)
                 for (const std::int64_t r0 : {0, 19}) {
-                    std::vector<std::byte> group(std::size_t(K / 256) * cd::k512::q4_k_x16_block_bytes), next(group.size());
-                    cd::k512::repack_q4_k_x16(m.w.row(r0), m.w.row_bytes, K / 256, group.data());
-                    cd::k512::repack_q4_k_x16(m.w.row(16), m.w.row_bytes, K / 256, next.data());
-                    [&]<int... Cs>(std::integer_sequence<int, Cs...>) {
-                        ([&] {
-                            constexpr int C = Cs + 1;
-                            for (const bool pf : {false, true}) {
-                                CAPTURE(r0); CAPTURE(C); CAPTURE(pf);
-                                float y[8 * 16];
-                                cd::k512::q4_k_x16_tile<C>(group.data(), ap, stride, K, y, 16, pf ? next.data() : nullptr);
-                                int bad = 0;
-                                for (int c = 0; c < C; ++c)
-                                    for (int r = 0; r < 16; ++r) bad += !same(y[c * 16 + r], twin(r0 + r, c));
-                                CHECK(bad == 0);
-                                ++tested;
-                            }
-                        }(), ...);
-                    }(std::make_integer_sequence<int, 8>{});
+                    const auto groups = f.repacked(cd::k512::repack_q4_k_x16, K / 256, cd::k512::q4_k_x16_block_bytes, r0);
+                    for_tokens_1_to_8([&](auto tokens) {
+                        constexpr int C = decltype(tokens)::value;
+                        for (const bool pf : {false, true}) {
+                            CAPTURE(r0); CAPTURE(C); CAPTURE(pf);
+                            float y[8 * 16];
+                            cd::k512::q4_k_x16_tile<C>(groups.first.data(), ap, stride, K, y, 16, pf ? groups.second.data() : nullptr);
+                            CHECK(f.tile_mismatches(y, C, r0, twin) == 0);
+                            ++tested;
+                        }
+                    });
                 }
 #endif
             // gemm_block: as for Q8_0 (no packing here, so no limit on K)
