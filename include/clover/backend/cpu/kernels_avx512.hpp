@@ -417,7 +417,7 @@ inline void repack_q4_k_x16(const std::byte* w, std::size_t ws, std::int64_t nsb
 
 template <int C, class Source>
 inline void q4_k_lanes_body(const Source& src, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy,
-                     const std::byte* pf) {
+                            const std::byte* pf) {
     constexpr std::size_t bs = sizeof(quant::block_q4_k);  // 144: f16 d, f16 dmin, scales[12], qs[128]
     const std::int64_t nsb = K / 256;
     const __m512i lane_row = _mm512_loadu_si512(q8_0_lanes_row);
