@@ -434,7 +434,7 @@ CUDA_TEST_CASE("expert-grouped products (CUB sort/scan grouping) and the shared 
         s.n_expert = 11;
         s.n_expert_used = 3;
         auto path = testutil::synth_file("cuda_moe_" + std::string(dtype_name(t)) + ".gguf", s);
-        model<variants::from_file, backend::cpu> m(load(path), {2});
+        model<variants::from_file, backend::cpu> m(load(path), {.threads = 2, .rearrange = false});  // the GPU reads the file's layout
         backend::cuda be({.threads = 2});
         const auto& mw = m.weights().layers[1].moe;
         const dims<variants::from_file> d = m.dim();

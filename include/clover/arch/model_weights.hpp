@@ -41,6 +41,17 @@ struct model_weights {
     std::vector<std::string> missing_diffusion;
 
     bool has_diffusion() const { return diffusion_tensors && missing_diffusion.empty(); }
+    // The matrices only products read (weight_memory::products): every layer's, and the LM
+    // head unless it is the token embedding (whose rows are looked up).
+    std::vector<weight*> products() {
+        std::vector<weight*> out;
+        for (layer_weights& l : layers) {
+            std::visit([&](auto& m) { m.products(out); }, l.mixer);
+            l.moe.products(out);
+        }
+        if (output.data != tok_embd.data) out.push_back(&output);
+        return out;
+    }
     weight_binder binder() { return {*file, owned}; }
 };
 

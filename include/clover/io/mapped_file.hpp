@@ -2,6 +2,7 @@
 // A read-only memory map of a whole file. Weights are used in place from the map: loading a
 // model copies nothing, and pages the OS has not touched cost nothing — unless a backend asks
 // for the bytes in huge pages (move_to_huge_pages: a private copy at the same addresses).
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
@@ -10,6 +11,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -74,8 +76,7 @@ public:
     // into the map stay the same, so it is safe while other threads read the map. "" when the
     // bytes are in huge pages (now or by an earlier call), else why not (the map is unchanged).
     std::string move_to_huge_pages() const {
-        static std::mutex mu;  // rare (once per model load); serialises two models sharing one file
-        std::lock_guard lk(mu);
+        std::lock_guard lk(load_mutex());
         if (in_huge_pages_) return "";
         if (!data_) return "nothing is mapped";
         if (std::string why = huge_page_plan(size_, read_memory_outlook()); !why.empty()) return why;
@@ -85,6 +86,33 @@ public:
     }
     bool in_huge_pages() const { return in_huge_pages_; }
 
+    // Lets the first model of this map rewrite its bytes in place (a backend's own weight
+    // layout: weight_memory::rewrite_once), and tells every later one what it did. The first
+    // call decides: when `rewrite` is set and the bytes are the private copy in huge pages, it
+    // runs with them writable and returns the addresses it rewrote; otherwise nothing is
+    // rewritten, ever (a model reading the file's layout may already be running). Every call
+    // returns that record, sorted. Call it before any model of this map runs a pass.
+    template <class Rewrite>
+    std::vector<const std::byte*> rewrite_once(const Rewrite& rewrite) const {
+        std::lock_guard lk(load_mutex());
+        if (!rewrite_decided_) {
+            rewrite_decided_ = true;
+            if (rewrite && in_huge_pages_ && data_) {
+                auto* p = const_cast<std::byte*>(data_);
+                if (::mprotect(p, size_, PROT_READ | PROT_WRITE) != 0) return {};
+                try {
+                    rewritten_ = rewrite();
+                } catch (...) {
+                    ::mprotect(p, size_, PROT_READ);
+                    throw;
+                }
+                ::mprotect(p, size_, PROT_READ);
+                std::sort(rewritten_.begin(), rewritten_.end());
+            }
+        }
+        return rewritten_;
+    }
+
 private:
     void reset() {
         if (data_) ::munmap(const_cast<std::byte*>(data_), size_);  // the copy, after move_to_huge_pages
@@ -93,6 +121,8 @@ private:
         size_ = 0;
         fd_ = -1;
         in_huge_pages_ = false;
+        rewrite_decided_ = false;
+        rewritten_.clear();
     }
     void swap(mapped_file& o) noexcept {
         std::swap(path_, o.path_);
@@ -101,6 +131,8 @@ private:
         std::swap(identity_, o.identity_);
         std::swap(fd_, o.fd_);
         in_huge_pages_.store(o.in_huge_pages_.exchange(in_huge_pages_.load()));
+        std::swap(rewrite_decided_, o.rewrite_decided_);
+        std::swap(rewritten_, o.rewritten_);
     }
     std::string path_;
     const std::byte* data_ = nullptr;
@@ -108,6 +140,13 @@ private:
     file_identity identity_;
     int fd_ = -1;
     mutable std::atomic<bool> in_huge_pages_ = false;  // read without the mutex (in_huge_pages)
+    mutable bool rewrite_decided_ = false;
+    mutable std::vector<const std::byte*> rewritten_;
+    // Rare (model loads); serialises two models sharing one file.
+    static std::mutex& load_mutex() {
+        static std::mutex mu;
+        return mu;
+    }
 };
 
 }  // namespace clover::io

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "clover/arch/dims.hpp"
 #include "clover/arch/hparams.hpp"
@@ -30,6 +31,10 @@ struct attention_weights {
     weight wk, wv;  // [n_head_kv*head_dim, n_embd]
     weight wo;      // [n_embd, n_head*head_dim]
     weight q_norm, k_norm;  // [head_dim] f32
+
+    // The matrices only products read (weight_memory::products). Each row view of a merged
+    // q|k|v tensor is a matrix of its own there, its 16-row groups counted from its first row.
+    void products(std::vector<weight*>& out) { out.insert(out.end(), {&wq, &wk, &wv, &wo}); }
 
     // Binds blk.N.attn_* under prefix p ("blk.N."). Files merge q|k|v into one attn_qkv tensor
     // or keep three; both become three row views, so forward sees one shape.

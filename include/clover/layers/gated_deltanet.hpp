@@ -37,6 +37,8 @@ struct gdn_weights {
     weight conv_right;  // [conv_channels][K-1] f32, index 0 = nearest future row
     weight bd_scale, bd_bias, bd_c;  // [n_v_heads] f32
     bool has_diffusion() const { return conv_right && bd_scale && bd_bias && bd_c; }
+    // The matrices only products read (weight_memory::products).
+    void products(std::vector<weight*>& dst) { dst.insert(dst.end(), {&qkv, &z, &beta, &alpha, &out}); }
 
     // The causal tensors under prefix p ("blk.N."): every one is required.
     static gdn_weights bind(weight_binder& b, const std::string& p, const hparams& h) {

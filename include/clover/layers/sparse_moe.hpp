@@ -7,6 +7,7 @@
 // architectures has one, so it is bound per layer beside the token mixer (moe_weights::bind).
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "clover/arch/dims.hpp"
 #include "clover/arch/hparams.hpp"
@@ -25,6 +26,13 @@ struct moe_weights {
     weight shexp_gate;        // [n_embd] f32: the shared expert's sigmoid gate
     weight gate_shexp, up_shexp;  // [n_ff_shexp, n_embd]
     weight down_shexp;        // [n_embd, n_ff_shexp]
+
+    // The matrices only products read (weight_memory::products). A merged gate|up stack is
+    // split at n_ff per expert (backend/cpu/moe.hpp), which must fall on a 16-row group.
+    void products(std::vector<weight*>& out) {
+        out.insert(out.end(), {&router, &gate_exps, &up_exps, &down_exps, &gate_shexp, &up_shexp, &down_shexp});
+        if (gate_up_exps.rows % 32 == 0) out.push_back(&gate_up_exps);
+    }
 
     // Binds blk.N.ffn_* under prefix p. Gate and up experts come merged or apart (the backend
     // takes either); the shared expert only when the hparams say there is one.

@@ -71,8 +71,11 @@ public:
         : hp_(read_hparams(*file, warn)), weights_(bind_weights(file, hp_)), be_(opt) {
         check_fits<V>(hp_, file->path());
         if constexpr (!V::diffusion) weights_.missing_diffusion.clear();  // causal-only variants never ask
-        weight_memory wm{file->map().bytes(), {}};
-        if (!wm.bytes.empty()) wm.to_huge_pages = [f = file.get()] { return f->map().move_to_huge_pages(); };
+        weight_memory wm{file->map().bytes(), {}, weights_.products(), {}};
+        if (!wm.bytes.empty()) {
+            wm.to_huge_pages = [f = file.get()] { return f->map().move_to_huge_pages(); };
+            wm.rewrite_once = [f = file.get()](const weight_memory::rearrange_fn& fn) { return f->map().rewrite_once(fn); };
+        }
         be_.map_weights(wm);
         const dims<V> d = dim();
         for (std::int64_t il = 0; il < d.n_layer(); ++il) {

@@ -7,11 +7,19 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "clover/core/dtype.hpp"
+#include "clover/core/error.hpp"
 #include "clover/quant/rows.hpp"
 
 namespace clover {
+
+// How a matrix's bytes are arranged. rows16: a backend rearranged each run of 16 rows (from the
+// matrix's row 0) into a layout of its own kernels (backend::cpu: k512::repack_*_x16); the group
+// of rows 16g..16g+15 still occupies those rows' bytes, and rows past the last full group keep
+// the file's layout. Only the backend that rearranged a matrix may read it.
+enum class weight_layout : std::uint8_t { file, rows16 };
 
 struct weight {
     const std::byte* data = nullptr;
@@ -20,6 +28,7 @@ struct weight {
     std::int64_t rows = 0;   // output features
     std::int64_t n_mat = 1;  // stacked matrices (experts)
     std::size_t row_bytes = 0;
+    weight_layout layout = weight_layout::file;
     std::string name;
 
     explicit operator bool() const { return data != nullptr; }
@@ -31,8 +40,11 @@ struct weight {
         w.n_mat = 1;
         return w;
     }
-    // Rows [r0, r0 + n) as a matrix of their own (for split projections such as gate|up).
+    // Rows [r0, r0 + n) as a matrix of their own (for split projections such as gate|up). A
+    // rows16 matrix is sliced only on its groups (the backend rearranged only such matrices).
     weight row_slice(std::int64_t r0, std::int64_t n) const {
+        if (layout == weight_layout::rows16 && (r0 % 16 || (n % 16 && r0 + n != rows)))
+            fail("weight ", name, ": rows [", r0, ", ", r0 + n, ") split the 16-row groups the backend rearranged");
         weight w = *this;
         w.data = row(r0);
         w.rows = n;
@@ -50,6 +62,17 @@ struct weight_memory {
     // weight stays valid): "" when done, else why not, and nothing changed. Empty when the bytes
     // are not a file map (a virtual file built in memory).
     std::function<std::string()> to_huge_pages;
+    // Matrices that only products read (no row lookups such as the token embedding's; sliced
+    // only at multiples of 16 rows), which a backend may rearrange for its kernels: it then
+    // sets their `layout`. The pointers stay the model's.
+    std::vector<weight*> products;
+    // Rewrites `bytes` once per file, in place: while no model of this file has yet, runs
+    // `rearrange` with the bytes writable and records the data pointers it returns (the
+    // matrices it rearranged); every call returns that record. Null where the bytes may not be
+    // rewritten (not a private copy: a file map in place, a virtual file), and then nothing
+    // may be rearranged.
+    using rearrange_fn = std::function<std::vector<const std::byte*>()>;
+    std::function<std::vector<const std::byte*>(const rearrange_fn&)> rewrite_once;
 };
 
 }  // namespace clover

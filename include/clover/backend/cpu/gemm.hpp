@@ -123,7 +123,9 @@ inline void run_gemm(thread_pool& pool, gemm_scratch& sc, std::span<const gemm_j
     for (std::size_t i = 0; i < jobs.size(); ++i) {
         // Up to small_batch_tokens rows stream the weights like a decode step (matmul.hpp).
         const bool decode = jobs[i].n <= small_batch_tokens;
-        const std::int64_t tchunk = decode ? jobs[i].n : 64, rchunk = decode ? decode_rchunk : 32;
+        // (a rearranged matrix's items start on its 16-row groups: x16_block)
+        const std::int64_t rchunk = !decode ? 32 : jobs[i].w->layout == weight_layout::rows16 ? (decode_rchunk + 15) / 16 * 16 : decode_rchunk;
+        const std::int64_t tchunk = decode ? jobs[i].n : 64;
         for (std::int64_t r = 0; r < jobs[i].w->rows; r += rchunk)
             for (std::int64_t t = 0; t < jobs[i].n; t += tchunk)
                 sc.items.push_back({i, r, std::min(jobs[i].w->rows, r + rchunk), t, std::min(jobs[i].n, t + tchunk)});

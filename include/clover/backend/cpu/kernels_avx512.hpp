@@ -227,8 +227,9 @@ void q8_0_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
 // nothing: block b of a group at b · 544 bytes holds the 16 rows' f16 scales in lane order
 // (lane l: row q8_0_lanes_row[l]), then the codes as transpose16x32 leaves them, offset to u8 —
 // the bytes of 16 rows of the file, rearranged. Its products are q8_0_lanes_tile's, bit for bit.
-// Not used by the engine yet: bench_repack measures it (two threads streaming: 1 token as
-// fast as the row tiles, 8 tokens 1.65x the transposing form; README "A repacked Q8_0 (and Q4_K) layout").
+// backend::cpu rearranges Q8_0 matrices so at load (matmul.hpp: x16_block); bench_repack measured
+// it (two threads streaming: 1 token as fast as the row tiles, 8 tokens 1.65x the transposing
+// form; README "A repacked Q8_0 (and Q4_K) layout").
 inline constexpr std::size_t q8_0_x16_block_bytes = 16 * sizeof(quant::block_q8_0);
 // Rows w, w + ws, …, w + 15·ws of nb blocks into out (nb · q8_0_x16_block_bytes bytes).
 inline void repack_q8_0_x16(const std::byte* w, std::size_t ws, std::int64_t nb, std::byte* out) {
@@ -399,7 +400,6 @@ struct q4_k_x16_source {
     }
 };
 // Rows w, w + ws, …, w + 15·ws of nsb super-blocks into out (nsb · q4_k_x16_block_bytes bytes).
-// Not used by the engine yet (bench_repack measures it; README "A repacked Q8_0 (and Q4_K) layout").
 inline void repack_q4_k_x16(const std::byte* w, std::size_t ws, std::int64_t nsb, std::byte* out) {
     const q4_k_rows_source src(w, ws);
     for (std::int64_t b = 0; b < nsb; ++b) {
@@ -485,6 +485,18 @@ void q4_k_x16_tile(const std::byte* g, const std::byte* a, std::size_t as, std::
                    const std::byte* pf) {
     q4_k_lanes_body<C>(q4_k_x16_source{g}, a, as, K, y, ldy, pf);
 }
+// The repacked forms with the signatures of the kernel table (matmul.hpp: kernel_set::x16_*).
+template <int C>
+void q8_0_x16_packed(const std::byte* g, const a8_lane* a, std::int64_t K, float* y, std::int64_t ldy, const std::byte* pf) {
+    q8_0_x16_tile<C>(g, lanes_packed{a, C}, K / 32, y, ldy, pf);
+}
+template <int C>
+void q8_0_x16_rows(const std::byte* g, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy,
+                   const std::byte* pf) {
+    q8_0_x16_tile<C>(g, lanes_rows{a, as}, K / 32, y, ldy, pf);
+}
+inline void repack_q8_0_group(const std::byte* w, std::size_t ws, std::int64_t K, std::byte* out) { repack_q8_0_x16(w, ws, K / 32, out); }
+inline void repack_q4_k_group(const std::byte* w, std::size_t ws, std::int64_t K, std::byte* out) { repack_q4_k_x16(w, ws, K / 256, out); }
 #endif
 
 // ---------------------------------------------------------------- K-quants × Q8_K (a8k_block rows)

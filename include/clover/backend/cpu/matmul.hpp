@@ -139,6 +139,20 @@ struct kernel_set {
     lanes_fn lanes16[8] = {};
     lanes_rows_fn lanes16_rows[8] = {};
     int lanes_from = 0;
+    // Matrices rearranged at load into groups of 16 rows (weight_layout::rows16): `repack`
+    // writes one group of 16 file rows into that layout; x16_rows / x16_packed compute a group
+    // × C = 1..8 tokens from prepared rows / packed tokens (Q8_0 only), y[c·ldy + r]; g is the
+    // group's first byte, pf a group to prefetch or null. Every (row, token) is the blockwise
+    // twin's (q8_0_blockwise_ref, q4_k_blockwise_ref) at any C, so these forms are row-exact
+    // and serve every token count. Null where the build has none (the matrices stay as filed).
+    using repack_fn = void (*)(const std::byte* w, std::size_t ws, std::int64_t K, std::byte* out);
+    using x16_rows_fn = void (*)(const std::byte* g, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy,
+                                 const std::byte* pf);
+    using x16_packed_fn = void (*)(const std::byte* g, const a8_lane* a, std::int64_t K, float* y, std::int64_t ldy,
+                                   const std::byte* pf);
+    repack_fn repack = nullptr;
+    x16_rows_fn x16_rows[8] = {};
+    x16_packed_fn x16_packed[8] = {};
     gemv2_fn gemv2 = nullptr;
     int gemm_r = 2, gemm_c = 4;
     enum class prep { f32_exact, f16_round, bf16_round, bf16_raw, q8_0_std, q8_0_pair, q8_k_std, q8_k_ext } act{};
@@ -280,6 +294,15 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
                 ks.lanes16_rows[4] = k512::q8_0_lanes_rows<5>; ks.lanes16_rows[5] = k512::q8_0_lanes_rows<6>;
                 ks.lanes16_rows[6] = k512::q8_0_lanes_rows<7>; ks.lanes16_rows[7] = k512::q8_0_lanes_rows<8>;
                 ks.lanes_from = 6;
+                ks.repack = k512::repack_q8_0_group;
+                ks.x16_rows[0] = k512::q8_0_x16_rows<1>; ks.x16_rows[1] = k512::q8_0_x16_rows<2>;
+                ks.x16_rows[2] = k512::q8_0_x16_rows<3>; ks.x16_rows[3] = k512::q8_0_x16_rows<4>;
+                ks.x16_rows[4] = k512::q8_0_x16_rows<5>; ks.x16_rows[5] = k512::q8_0_x16_rows<6>;
+                ks.x16_rows[6] = k512::q8_0_x16_rows<7>; ks.x16_rows[7] = k512::q8_0_x16_rows<8>;
+                ks.x16_packed[0] = k512::q8_0_x16_packed<1>; ks.x16_packed[1] = k512::q8_0_x16_packed<2>;
+                ks.x16_packed[2] = k512::q8_0_x16_packed<3>; ks.x16_packed[3] = k512::q8_0_x16_packed<4>;
+                ks.x16_packed[4] = k512::q8_0_x16_packed<5>; ks.x16_packed[5] = k512::q8_0_x16_packed<6>;
+                ks.x16_packed[6] = k512::q8_0_x16_packed<7>; ks.x16_packed[7] = k512::q8_0_x16_packed<8>;
 #endif
                 break;
             case dtype::q4_k:
@@ -293,6 +316,11 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
                 // alternating rounds, 2026-12-06): forms from 6 vs row tiles even within noise at
                 // 6 and 7 tokens, +2 % at 8; from 4 tokens they lost (85 vs 103–110 t/s at N = 4).
                 ks.lanes_from = 6;
+                ks.repack = k512::repack_q4_k_group;
+                ks.x16_rows[0] = k512::q4_k_x16_tile<1>; ks.x16_rows[1] = k512::q4_k_x16_tile<2>;
+                ks.x16_rows[2] = k512::q4_k_x16_tile<3>; ks.x16_rows[3] = k512::q4_k_x16_tile<4>;
+                ks.x16_rows[4] = k512::q4_k_x16_tile<5>; ks.x16_rows[5] = k512::q4_k_x16_tile<6>;
+                ks.x16_rows[6] = k512::q4_k_x16_tile<7>; ks.x16_rows[7] = k512::q4_k_x16_tile<8>;
 #endif
                 break;
             case dtype::q5_k: fill_tiles<q5_k_512>(ks); fill_stream_tiles<q5_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
@@ -534,10 +562,42 @@ inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int6
     return end;
 }
 
+// Rows [r0, r1) of a rearranged matrix (weight_layout::rows16; r0 on a group): its full groups
+// with the repacked forms, each group prefetching the one two groups on (bench_repack measured
+// two ahead best: Q4_K 8 tokens 271 vs 174 GMAC/s without; at one token Q8_0 39 vs 40.5, noise).
+// Small batches (decode) read Q8_0 tokens packed per block, as lanes_small_batch does; prefill
+// chunks the prepared rows. Returns the first row it left to the row tiles (the rows past the
+// last full group, which kept the file's layout).
+[[gnu::noinline]] inline std::int64_t x16_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1,
+                                                const act_view& a, std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
+    const std::int64_t end = std::min(r1, w.rows / 16 * 16);
+    if (r0 >= end) return r0;
+    auto pf = [&](std::int64_t r) { return r + 32 < end ? w.row(r + 32) : nullptr; };
+    if (ks.x16_packed[0] && t1 - t0 <= small_batch_tokens && w.cols <= lanes_max_k) {
+        alignas(64) a8_lane packed[small_batch_tokens * (lanes_max_k / 32)];
+        const int c = int(t1 - t0);
+        pack_a8_lanes(a.row(t0), a.stride, c, w.cols / 32, packed);
+        const kernel_set::x16_packed_fn tile = ks.x16_packed[c - 1];
+        for (std::int64_t r = r0; r < end; r += 16) tile(w.row(r), packed, w.cols, y + t0 * ldy + r, ldy, pf(r));
+        return end;
+    }
+    for (std::int64_t r = r0; r < end; r += 16)
+        for (std::int64_t t = t0; t < t1; t += 8) {
+            const int c = int(std::min<std::int64_t>(8, t1 - t));
+            ks.x16_rows[c - 1](w.row(r), a.row(t), a.stride, w.cols, y + t * ldy + r, ldy, t == t0 ? pf(r) : nullptr);
+        }
+    return end;
+}
+
 // y[t·ldy + r] for rows [r0, r1) of w and prepared rows [t0, t1) of a. row_exact: every
 // (row, token) computed as a one-row product would be (otherwise the fast form may run).
 inline void gemm_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1, const act_view& a,
                        std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy, bool row_exact) {
+    if (w.layout == weight_layout::rows16) {
+        if (!ks.x16_rows[0]) fail("matmul: ", w.name, " was rearranged for kernels this build lacks");
+        if ((r0 = x16_block(ks, w, r0, r1, a, t0, t1, y, ldy)) == r1) return;
+        row_exact = true;  // the rows past the last group: row tiles, as at any token count
+    }
     if (!row_exact && (r0 = lanes_block(ks, w, r0, r1, a, t0, t1, y, ldy)) == r1) return;
     const std::int64_t K = w.cols;
     const std::size_t ws = w.row_bytes;

@@ -164,8 +164,16 @@ public:
     }
 
     // ---- memory ----
-    // The host copy matters only for the experts kept on the CPU (cpu_options::huge_pages).
-    void map_weights(const weight_memory& m) { cpu_.map_weights(m); }
+    // The host copy matters only for the experts kept on the CPU (cpu_options::huge_pages). The
+    // weights are uploaded as the file lays them out, so the host copy keeps that layout (no
+    // products offered to rearrange), and a file an earlier CPU model rearranged is refused.
+    void map_weights(const weight_memory& m) {
+        weight_memory host = m;
+        host.products.clear();
+        cpu_.map_weights(host);
+        if (m.rewrite_once && !m.rewrite_once({}).empty())
+            fail("cuda: a CPU model in this process rearranged this file's weights for its kernels; open the file again for the GPU");
+    }
     state make_state(std::span<const layer_state_spec> spec, const state_options& o) {
         cuda_detail::device_guard on(opt_.device);
         check_limits(spec);
