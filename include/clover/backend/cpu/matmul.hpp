@@ -153,6 +153,7 @@ struct kernel_set {
     repack_fn repack = nullptr;
     x16_rows_fn x16_rows[8] = {};
     x16_packed_fn x16_packed[8] = {};
+    int x16_pf_from = 1;  // tokens from which each group prefetches the one two groups on
     gemv2_fn gemv2 = nullptr;
     int gemm_r = 2, gemm_c = 4;
     enum class prep { f32_exact, f16_round, bf16_round, bf16_raw, q8_0_std, q8_0_pair, q8_k_std, q8_k_ext } act{};
@@ -294,6 +295,10 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
                 ks.lanes16_rows[4] = k512::q8_0_lanes_rows<5>; ks.lanes16_rows[5] = k512::q8_0_lanes_rows<6>;
                 ks.lanes16_rows[6] = k512::q8_0_lanes_rows<7>; ks.lanes16_rows[7] = k512::q8_0_lanes_rows<8>;
                 ks.lanes_from = 6;
+                // bench_repack, two threads streaming: with the prefetch 39.1 / 70.1 / 113.5 GMAC/s at
+                // 1 / 2 / 3 tokens, without it 40.5 / 76.2 / 109.5; and tg128 on the 8-layer Q8_0
+                // file ran 0.94x the file's layout with it at one token (2026-12-06, two rounds).
+                ks.x16_pf_from = 3;
                 ks.repack = k512::repack_q8_0_group;
                 ks.x16_rows[0] = k512::q8_0_x16_rows<1>; ks.x16_rows[1] = k512::q8_0_x16_rows<2>;
                 ks.x16_rows[2] = k512::q8_0_x16_rows<3>; ks.x16_rows[3] = k512::q8_0_x16_rows<4>;
@@ -564,7 +569,8 @@ inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int6
 
 // Rows [r0, r1) of a rearranged matrix (weight_layout::rows16; r0 on a group): its full groups
 // with the repacked forms, each group prefetching the one two groups on (bench_repack measured
-// two ahead best: Q4_K 8 tokens 271 vs 174 GMAC/s without; at one token Q8_0 39 vs 40.5, noise).
+// two ahead best: Q4_K 8 tokens 271 vs 174 GMAC/s without, 1 token 67 vs 54; Q8_0 from 3 tokens:
+// kernel_set::x16_pf_from).
 // Small batches (decode) read Q8_0 tokens packed per block, as lanes_small_batch does; prefill
 // chunks the prepared rows. Returns the first row it left to the row tiles (the rows past the
 // last full group, which kept the file's layout).
@@ -572,7 +578,8 @@ inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int6
                                                 const act_view& a, std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
     const std::int64_t end = std::min(r1, w.rows / 16 * 16);
     if (r0 >= end) return r0;
-    auto pf = [&](std::int64_t r) { return r + 32 < end ? w.row(r + 32) : nullptr; };
+    const bool prefetch = t1 - t0 >= ks.x16_pf_from;
+    auto pf = [&](std::int64_t r) { return prefetch && r + 32 < end ? w.row(r + 32) : nullptr; };
     if (ks.x16_packed[0] && t1 - t0 <= small_batch_tokens && w.cols <= lanes_max_k) {
         alignas(64) a8_lane packed[small_batch_tokens * (lanes_max_k / 32)];
         const int c = int(t1 - t0);
