@@ -134,6 +134,19 @@ TEST_CASE("rearranging: matrices of other types, too few rows or overlapping vie
     CHECK(b.layout == weight_layout::file);
     CHECK(shared.bytes == shared_before);
     CHECK(be.weights_placement().find("1 matrices in 16-row groups") != std::string::npos);
+    {  // a chain of overlaps: rows [0, 16) and [8, 40) clash, so [32, 48), which only the second overlaps, stays too
+        stack chain(dtype::q8_0, 48, 64, 1, 6);
+        const std::vector<std::byte> chain_before = chain.bytes;
+        weight first = chain.w.row_slice(0, 16), middle = chain.w.row_slice(8, 32), last = chain.w.row_slice(32, 16);
+        std::vector<const std::byte*> rec;
+        weight_memory mc;
+        mc.products = {&first, &middle, &last};
+        mc.rewrite_once = [&](const weight_memory::rearrange_fn& fn) { return fn ? (rec = fn()) : rec; };
+        backend::cpu chain_be({2});
+        chain_be.map_weights(mc);
+        CHECK(last.layout == weight_layout::file);
+        CHECK(chain.bytes == chain_before);
+    }
     // a second model of the same bytes: marks the same matrix, rewrites nothing again
     const std::vector<std::byte> after = q8.bytes;
     weight q8_again = q8.w;

@@ -164,11 +164,14 @@ public:
         std::sort(todo.begin(), todo.end(), [](const weight* a, const weight* b) { return a->data < b->data; });
         auto bytes = [](const weight* w) { return std::size_t(w->n_mat) * std::size_t(w->rows) * w->row_bytes; };
         std::vector<weight*> unique;
-        for (std::size_t i = 0; i < todo.size();) {
+        for (std::size_t i = 0; i < todo.size();) {  // runs of views whose bytes overlap (a chain counts)
             std::size_t j = i + 1;
             bool clash = false;
-            for (; j < todo.size() && todo[j]->data < todo[i]->data + bytes(todo[i]); ++j)
+            const std::byte* end = todo[i]->data + bytes(todo[i]);
+            for (; j < todo.size() && todo[j]->data < end; ++j) {
                 clash |= !(todo[j]->data == todo[i]->data && bytes(todo[j]) == bytes(todo[i]) && todo[j]->rows == todo[i]->rows);
+                end = std::max(end, todo[j]->data + bytes(todo[j]));
+            }
             if (!clash) unique.push_back(todo[i]);
             i = j;
         }
