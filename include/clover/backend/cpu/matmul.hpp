@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include "clover/backend/cpu/kernels_avx2.hpp"
@@ -194,6 +195,15 @@ constexpr void fill_stream_tiles(kernel_set& ks) {  // C > 4 only where the set 
     if (ks.wide[0]) { ks.stream[4] = K<2, 5>::f; ks.stream[5] = K<2, 6>::f; ks.stream[6] = K<2, 7>::f; ks.stream[7] = K<2, 8>::f; }
 }
 
+// table[C − 1] = kernel<C> for C = 1..8, the kernel named by a template lambda:
+// fill8(ks.x16_rows, []<int C> { return k512::q4_k_x16_tile<C>; }).
+template <class Fn, class Kernel>
+constexpr void fill8(Fn (&table)[8], Kernel kernel) {
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+        ((table[I] = kernel.template operator()<I + 1>()), ...);
+    }(std::make_integer_sequence<int, 8>{});
+}
+
 #define CLOVER_TILE_ADAPTER(NAME, EXPR)            \
     template <int R, int C>                        \
     struct NAME {                                  \
@@ -286,56 +296,35 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
                 fill_tiles<q8_0_512>(ks); fill_wide_tiles<q8_0_512>(ks); fill_stream_tiles<q8_0_512_pf>(ks);
                 ks.act = P::q8_0_pair; ks.gemm_r = 4;
 #if CLOVER_CPU_AVX512_VNNI
-                ks.lanes16[0] = k512::q8_0_lanes_packed<1>; ks.lanes16[1] = k512::q8_0_lanes_packed<2>;
-                ks.lanes16[2] = k512::q8_0_lanes_packed<3>; ks.lanes16[3] = k512::q8_0_lanes_packed<4>;
-                ks.lanes16[4] = k512::q8_0_lanes_packed<5>; ks.lanes16[5] = k512::q8_0_lanes_packed<6>;
-                ks.lanes16[6] = k512::q8_0_lanes_packed<7>; ks.lanes16[7] = k512::q8_0_lanes_packed<8>;
-                ks.lanes16_rows[0] = k512::q8_0_lanes_rows<1>; ks.lanes16_rows[1] = k512::q8_0_lanes_rows<2>;
-                ks.lanes16_rows[2] = k512::q8_0_lanes_rows<3>; ks.lanes16_rows[3] = k512::q8_0_lanes_rows<4>;
-                ks.lanes16_rows[4] = k512::q8_0_lanes_rows<5>; ks.lanes16_rows[5] = k512::q8_0_lanes_rows<6>;
-                ks.lanes16_rows[6] = k512::q8_0_lanes_rows<7>; ks.lanes16_rows[7] = k512::q8_0_lanes_rows<8>;
+                fill8(ks.lanes16, []<int C> { return k512::q8_0_lanes_packed<C>; });
+                fill8(ks.lanes16_rows, []<int C> { return k512::q8_0_lanes_rows<C>; });
                 ks.lanes_from = 6;
                 // bench_repack, two threads streaming: with the prefetch 39.1 / 70.1 / 113.5 GMAC/s at
                 // 1 / 2 / 3 tokens, without it 40.5 / 76.2 / 109.5; and tg128 on the 8-layer Q8_0
                 // file ran 0.94x the file's layout with it at one token (2026-12-06, two rounds).
                 ks.x16_pf_from = 3;
                 ks.repack = k512::repack_q8_0_group;
-                ks.x16_rows[0] = k512::q8_0_x16_rows<1>; ks.x16_rows[1] = k512::q8_0_x16_rows<2>;
-                ks.x16_rows[2] = k512::q8_0_x16_rows<3>; ks.x16_rows[3] = k512::q8_0_x16_rows<4>;
-                ks.x16_rows[4] = k512::q8_0_x16_rows<5>; ks.x16_rows[5] = k512::q8_0_x16_rows<6>;
-                ks.x16_rows[6] = k512::q8_0_x16_rows<7>; ks.x16_rows[7] = k512::q8_0_x16_rows<8>;
-                ks.x16_packed[0] = k512::q8_0_x16_packed<1>; ks.x16_packed[1] = k512::q8_0_x16_packed<2>;
-                ks.x16_packed[2] = k512::q8_0_x16_packed<3>; ks.x16_packed[3] = k512::q8_0_x16_packed<4>;
-                ks.x16_packed[4] = k512::q8_0_x16_packed<5>; ks.x16_packed[5] = k512::q8_0_x16_packed<6>;
-                ks.x16_packed[6] = k512::q8_0_x16_packed<7>; ks.x16_packed[7] = k512::q8_0_x16_packed<8>;
+                fill8(ks.x16_rows, []<int C> { return k512::q8_0_x16_rows<C>; });
+                fill8(ks.x16_packed, []<int C> { return k512::q8_0_x16_packed<C>; });
 #endif
                 break;
             case dtype::q4_k:
                 fill_tiles<q4_k_512>(ks); fill_stream_tiles<q4_k_512_pf>(ks); ks.act = P::q8_k_ext;
 #if CLOVER_CPU_AVX512_VNNI
-                ks.lanes16_rows[0] = k512::q4_k_lanes_rows<1>; ks.lanes16_rows[1] = k512::q4_k_lanes_rows<2>;
-                ks.lanes16_rows[2] = k512::q4_k_lanes_rows<3>; ks.lanes16_rows[3] = k512::q4_k_lanes_rows<4>;
-                ks.lanes16_rows[4] = k512::q4_k_lanes_rows<5>; ks.lanes16_rows[5] = k512::q4_k_lanes_rows<6>;
-                ks.lanes16_rows[6] = k512::q4_k_lanes_rows<7>; ks.lanes16_rows[7] = k512::q4_k_lanes_rows<8>;
+                fill8(ks.lanes16_rows, []<int C> { return k512::q4_k_lanes_rows<C>; });
                 // Q8_0's break-even. For Q4_K and Q6_K, end to end on the 8-layer Q4_K_M file (three
                 // alternating rounds, 2026-12-06): forms from 6 vs row tiles even within noise at
                 // 6 and 7 tokens, +2 % at 8; from 4 tokens they lost (85 vs 103–110 t/s at N = 4).
                 ks.lanes_from = 6;
                 ks.repack = k512::repack_q4_k_group;
-                ks.x16_rows[0] = k512::q4_k_x16_tile<1>; ks.x16_rows[1] = k512::q4_k_x16_tile<2>;
-                ks.x16_rows[2] = k512::q4_k_x16_tile<3>; ks.x16_rows[3] = k512::q4_k_x16_tile<4>;
-                ks.x16_rows[4] = k512::q4_k_x16_tile<5>; ks.x16_rows[5] = k512::q4_k_x16_tile<6>;
-                ks.x16_rows[6] = k512::q4_k_x16_tile<7>; ks.x16_rows[7] = k512::q4_k_x16_tile<8>;
+                fill8(ks.x16_rows, []<int C> { return k512::q4_k_x16_tile<C>; });
 #endif
                 break;
             case dtype::q5_k: fill_tiles<q5_k_512>(ks); fill_stream_tiles<q5_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
             case dtype::q6_k:
                 fill_tiles<q6_k_512>(ks); fill_stream_tiles<q6_k_512_pf>(ks); ks.act = P::q8_k_ext;
 #if CLOVER_CPU_AVX512_VNNI
-                ks.lanes16_rows[0] = k512::q6_k_lanes_rows<1>; ks.lanes16_rows[1] = k512::q6_k_lanes_rows<2>;
-                ks.lanes16_rows[2] = k512::q6_k_lanes_rows<3>; ks.lanes16_rows[3] = k512::q6_k_lanes_rows<4>;
-                ks.lanes16_rows[4] = k512::q6_k_lanes_rows<5>; ks.lanes16_rows[5] = k512::q6_k_lanes_rows<6>;
-                ks.lanes16_rows[6] = k512::q6_k_lanes_rows<7>; ks.lanes16_rows[7] = k512::q6_k_lanes_rows<8>;
+                fill8(ks.lanes16_rows, []<int C> { return k512::q6_k_lanes_rows<C>; });
                 ks.lanes_from = 6;
 #endif
                 break;
@@ -513,24 +502,31 @@ inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_
         }
 }
 
-// The fast form's small batch (decode steps: at most small_batch_tokens tokens), rows
-// [r0, end) with end − r0 a multiple of 16: the tokens are packed once (a8_lane) and each 16-row
-// group prefetches the next while it computes, since the weights stream from DRAM once. Out of
+// A small batch's tokens [t0, t1) (at most small_batch_tokens; K ≤ lanes_max_k) packed once per
+// block (a8_lane), then group(r, packed, c) for each 16-row group [r, r + 16) of [r0, end): the
+// shape shared by the fast form's small batch and the rearranged Q8_0 decode (x16_block). Out of
 // line, so that its 40 KB buffer is on the stack only while it runs, not in the frame of every
 // gemm_block call it would otherwise be inlined into (one-row decode products included).
 inline constexpr std::int64_t lanes_max_k = 4096;  // packed: the widest input of the 35B-A3B model
-[[gnu::noinline]] inline void lanes_small_batch(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t end,
-                                                const act_view& a, std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
+template <class Group>
+[[gnu::noinline]] void packed_groups(const act_view& a, std::int64_t t0, std::int64_t t1, std::int64_t K, std::int64_t r0,
+                                     std::int64_t end, Group group) {
+    if (t1 - t0 > small_batch_tokens || K > lanes_max_k) fail("matmul: ", t1 - t0, " tokens of ", K, " past the packed small batch");
     alignas(64) a8_lane packed[small_batch_tokens * (lanes_max_k / 32)];
-    const std::int64_t nb = w.cols / 32;
-    for (std::int64_t t = t0; t < t1; t += 8) {
-        const int c = int(std::min<std::int64_t>(8, t1 - t));
-        pack_a8_lanes(a.row(t), a.stride, c, nb, packed);
-        for (std::int64_t r = r0; r < end; r += 16) {
-            const std::byte* next = r + 16 < end ? w.row(r + 16) : nullptr;
-            ks.lanes_tile(c)(w.row(r), w.row_bytes, packed, w.cols, y + t * ldy + r, ldy, next);
-        }
-    }
+    const int c = int(t1 - t0);
+    pack_a8_lanes(a.row(t0), a.stride, c, K / 32, packed);
+    for (std::int64_t r = r0; r < end; r += 16) group(r, packed, c);
+}
+
+// The fast form's small batch (decode steps: at most small_batch_tokens tokens), rows
+// [r0, end) with end − r0 a multiple of 16: each 16-row group prefetches the next while it
+// computes, since the weights stream from DRAM once.
+inline void lanes_small_batch(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t end, const act_view& a,
+                              std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
+    packed_groups(a, t0, t1, w.cols, r0, end, [&](std::int64_t r, const a8_lane* packed, int c) {
+        const std::byte* next = r + 16 < end ? w.row(r + 16) : nullptr;
+        ks.lanes_tile(c)(w.row(r), w.row_bytes, packed, w.cols, y + t0 * ldy + r, ldy, next);
+    });
 }
 
 // The fast form where it applies (ks.lanes16_rows: a batch that need not be row-exact, at least
@@ -574,18 +570,16 @@ inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int6
 // Small batches (decode) read Q8_0 tokens packed per block, as lanes_small_batch does; prefill
 // chunks the prepared rows. Returns the first row it left to the row tiles (the rows past the
 // last full group, which kept the file's layout).
-[[gnu::noinline]] inline std::int64_t x16_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1,
+inline std::int64_t x16_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1,
                                                 const act_view& a, std::int64_t t0, std::int64_t t1, float* y, std::int64_t ldy) {
     const std::int64_t end = std::min(r1, w.rows / 16 * 16);
     if (r0 >= end) return r0;
     const bool prefetch = t1 - t0 >= ks.x16_pf_from;
     auto pf = [&](std::int64_t r) { return prefetch && r + 32 < end ? w.row(r + 32) : nullptr; };
     if (ks.x16_packed[0] && t1 - t0 <= small_batch_tokens && w.cols <= lanes_max_k) {
-        alignas(64) a8_lane packed[small_batch_tokens * (lanes_max_k / 32)];
-        const int c = int(t1 - t0);
-        pack_a8_lanes(a.row(t0), a.stride, c, w.cols / 32, packed);
-        const kernel_set::x16_packed_fn tile = ks.x16_packed[c - 1];
-        for (std::int64_t r = r0; r < end; r += 16) tile(w.row(r), packed, w.cols, y + t0 * ldy + r, ldy, pf(r));
+        packed_groups(a, t0, t1, w.cols, r0, end, [&](std::int64_t r, const a8_lane* packed, int c) {
+            ks.x16_packed[c - 1](w.row(r), packed, w.cols, y + t0 * ldy + r, ldy, pf(r));
+        });
         return end;
     }
     for (std::int64_t r = r0; r < end; r += 16)
