@@ -1,23 +1,24 @@
-// bench_repack: a probe of a weight layout the engine does not use yet — Q8_0 or Q4_K weights
-// repacked once (at load) into groups of 16 rows, each block's codes already transposed into the
-// lanes and the 16 rows' scales side by side (k512::repack_q8_0_x16 / q8_0_x16_tile,
-// repack_q4_k_x16 / q4_k_x16_tile) — against the two forms the engine runs today, on the
+// bench_repack: the layouts backend::cpu rearranges product matrices into at load — Q8_0, Q4_K or
+// Q6_K weights repacked into groups of 16 rows, each block's codes in the lanes and the 16 rows'
+// scales side by side (k512::repack_q8_0_x16 / q8_0_x16_tile, repack_q4_k_x16 / q4_k_x16_tile,
+// repack_q6_k_x16 / q6_k_x16_tile) — against the two forms for the file's layout, on the
 // streaming shape of a decode step (0.5 GB of weights, K = 2048, C = 1…8 tokens):
 //   row tiles  — gemm_block in exact mode (one row per register; C = 1 is the gemv2 decode path)
 //   lanes      — the 16-row form, which transposes each block of 16 rows as it reads them (Q8_0:
 //                16 loads + 24 shuffles per block; Q4_K: 4 transposes and 4 gathers per
-//                super-block) and prefetches the next 16 rows (lanes_small_batch for Q8_0, the
-//                rows tile per 16-row group for Q4_K, as gemm_block runs them)
+//                super-block; Q6_K: an unpack to bytes and 8 transposes) and prefetches the next
+//                16 rows (lanes_small_batch for Q8_0, the rows tile per 16-row group otherwise)
 //   repacked   — the same arithmetic on the repacked groups: plain loads, one sequential stream;
-//                "+pf" prefetches the group --pf groups ahead.
+//                "+pf" prefetches the group --pf groups ahead (Q6_K: its stream --pf super-blocks
+//                ahead, as the engine's x16_pf_ahead does with 2).
 // The repacked kernels' sums are those of the 16-row forms (the blockwise twins' order), checked
-// bit for bit here (exit 1 otherwise). What it is for: the row tiles and the 16-row forms sum in
-// different orders, so the engine uses the 16-row forms only where a batch need not be row-exact
-// and from 6 tokens on (below, the transposes cost more than they save). A layout in which the
-// 16-row form is as fast as the row tiles at one token would let every product use one order —
-// fast and row-exact at once.
+// bit for bit here (exit 1 otherwise). Why the layout: the row tiles and the 16-row forms sum in
+// different orders, so for the file's layout the engine uses the 16-row forms only where a batch
+// need not be row-exact and from 6 tokens on (below, the transposes cost more than they save); a
+// layout in which the 16-row form is as fast as the row tiles at one token lets every product
+// use one order — fast and row-exact at once.
 //
-//   bench_repack [--type q8_0|q4_k] [-r 5] [-t 1] [--pf 2] [--json]
+//   bench_repack [--type q8_0|q4_k|q6_k] [-r 5] [-t 1] [--pf 2] [--json]
 // -t N: N threads stream together over interleaved 512-row chunks (wall time; one thread: thread
 // CPU time), which is what a decode step does with the memory bus shared.
 #include <algorithm>
@@ -54,103 +55,10 @@ void repacked_q4_k(const std::byte* g, const cd::a8_lane*, const cd::act_view& a
                    const std::byte* pf) {
     cd::k512::q4_k_x16_tile<C>(g, av.data, av.stride, K, y, ldy, pf);
 }
-// ---- Q6_K, a probe (not in the library yet): 16 rows repacked per super-block into 3,360 bytes,
-// the bytes of 16 rows of the file rearranged so that the 6-bit codes come out in the lanes with a
-// few masks and shifts (no per-super-block unpack to bytes and transposes, as q6_k_lanes_rows
-// does), and the group is one sequential stream:
-//   [0, 32)       the 16 rows' f16 d, lane order (lane l: row q8_0_lanes_row[l]);
-//   [32, 288)     scale pairs: pair i, lane l: bytes (scales[2i], scales[2i + 1]) of the lane's row;
-//   [288, 2336)   low nibbles, chunk pairs (2m, 2m + 1) of 32 values, 8 registers each: register j,
-//                 lane l, byte i = lo(code 64m + 4j + i) | lo(code 64m + 32 + 4j + i) << 4;
-//   [2336, 3360)  high 2 bits, chunk quads 4h .. 4h + 3: register j, lane l, byte i =
-//                 Σ_q hi(code 128h + 32q + 4j + i) << 2q.
-// Its sums are q6_k_lanes_rows', bit for bit (checked below): the super-block's int32 is exact in
-// any order, and acc = fma(float(isum), d_w·d_a, acc) per super-block in order.
-constexpr std::size_t q6x_bytes = 16 * sizeof(quant::block_q6_k), q6x_sc = 32, q6x_lo = 288, q6x_hi = 2336;
-void repack_q6_k_x16(const std::byte* w, std::size_t ws, std::int64_t nsb, std::byte* out) {
-    for (std::int64_t b = 0; b < nsb; ++b) {
-        auto* o = reinterpret_cast<std::uint8_t*>(out + std::size_t(b) * q6x_bytes);
-        std::memset(o, 0, q6x_bytes);
-        for (int l = 0; l < 16; ++l) {
-            const auto& blk = reinterpret_cast<const quant::block_q6_k*>(w + std::size_t(cd::k512::q8_0_lanes_row[l]) * ws)[b];
-            std::memcpy(o + 2 * l, &blk.d, 2);
-            for (int i = 0; i < 8; ++i) {
-                o[q6x_sc + 32 * i + 2 * l] = std::uint8_t(blk.scales[2 * i]);
-                o[q6x_sc + 32 * i + 2 * l + 1] = std::uint8_t(blk.scales[2 * i + 1]);
-            }
-            for (int j = 0; j < 8; ++j)
-                for (int i = 0; i < 4; ++i) {
-                    const std::size_t at = 64 * std::size_t(j) + 4 * std::size_t(l) + std::size_t(i);
-                    for (int m = 0; m < 4; ++m)
-                        o[q6x_lo + 512 * m + at] = std::uint8_t((quant::q6_k_code(blk, 64 * m + 4 * j + i) & 15) |
-                                                                (quant::q6_k_code(blk, 64 * m + 32 + 4 * j + i) & 15) << 4);
-                    for (int h = 0; h < 2; ++h)
-                        for (int q = 0; q < 4; ++q)
-                            o[q6x_hi + 512 * h + at] |= std::uint8_t((quant::q6_k_code(blk, 128 * h + 32 * q + 4 * j + i) >> 4) << (2 * q));
-                }
-        }
-    }
-}
-// 16 rows × C tokens of a repacked group g; pf (or null): where super-block b's stream share is
-// prefetched from (pf + b · 3,360, spread over the 8 chunks), e.g. g + D · 3,360: D super-blocks
-// ahead in the one stream, across the group's end into the next.
-template <int C>
-void q6_k_x16_tile(const std::byte* g, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy,
-                   const std::byte* pf) {
-    const std::int64_t nsb = K / 256;
-    const __m512i lane_row = _mm512_loadu_si512(cd::k512::q8_0_lanes_row);
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m3f = _mm512_set1_epi8(0x3f);
-    __m512 acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
-    for (std::int64_t b = 0; b < nsb; ++b) {
-        const std::byte* o = g + std::size_t(b) * q6x_bytes;
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(o)));
-        auto pair = [&](int i) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + q6x_sc + 32 * i))); };
-        const cd::a8k_block* ab[C];
-        __m512i isum[C];
-        for (int c = 0; c < C; ++c) {  // −32·Σ sc·(16-sum of a)
-            ab[c] = reinterpret_cast<const cd::a8k_block*>(a + std::size_t(c) * as) + b;
-            __m512i corr = _mm512_setzero_si512();
-            for (int i = 0; i < 8; ++i) corr = _mm512_dpwssd_epi32(corr, pair(i), _mm512_broadcastd_epi32(_mm_loadu_si32(ab[c]->bsums + 2 * i)));
-            isum[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(corr, 5));
-        }
-        for (int k = 0; k < 8; ++k) {  // values 32k .. 32k + 31: sub-blocks 2k and 2k + 1
-            if (pf) {
-                const char* p = reinterpret_cast<const char*>(pf) + std::size_t(b) * q6x_bytes + 420 * std::size_t(k);
-                for (int line = 0; line < 7; ++line) __builtin_prefetch(p + 64 * line, 0, 3);
-            }
-            const std::byte* lo = o + q6x_lo + 512 * std::size_t(k >> 1);
-            const std::byte* hi = o + q6x_hi + 512 * std::size_t(k >> 2);
-            const int hs = 2 * (k & 3);
-            __m512i wt[8];
-            for (int j = 0; j < 8; ++j) {
-                const __m512i l = _mm512_loadu_si512(lo + 64 * j), h = _mm512_loadu_si512(hi + 64 * j);
-                const __m512i ln = (k & 1) ? _mm512_srli_epi16(l, 4) : l;
-                const __m512i hn = hs <= 4 ? _mm512_slli_epi16(h, 4 - hs) : _mm512_srli_epi16(h, hs - 4);
-                // bits 0–3 from ln, 4–7 from hn (m4 ? ln : hn), then the code's 6 bits
-                wt[j] = _mm512_and_si512(_mm512_ternarylogic_epi32(ln, hn, m4, 0xe4), m3f);
-            }
-            const __m512i sp = pair(k);
-            const __m512i sc0 = _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16), sc1 = _mm512_srai_epi32(sp, 16);
-            for (int c = 0; c < C; ++c) {
-                const std::int8_t* qa = ab[c]->qs + 32 * k;
-                __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
-                for (int j = 0; j < 4; ++j) {
-                    d0 = _mm512_dpbusd_epi32(d0, wt[j], _mm512_broadcastd_epi32(_mm_loadu_si32(qa + 4 * j)));
-                    d1 = _mm512_dpbusd_epi32(d1, wt[j + 4], _mm512_broadcastd_epi32(_mm_loadu_si32(qa + 16 + 4 * j)));
-                }
-                isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(d0, sc0), _mm512_mullo_epi32(d1, sc1)));
-            }
-        }
-        for (int c = 0; c < C; ++c)
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, _mm512_set1_ps(ab[c]->d)), acc[c]);
-    }
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(y + c * ldy, _mm512_permutexvar_ps(lane_row, acc[c]));
-}
 template <int C>
 void repacked_q6_k(const std::byte* g, const cd::a8_lane*, const cd::act_view& av, std::int64_t K, float* y, std::int64_t ldy,
                    const std::byte* pf) {
-    q6_k_x16_tile<C>(g, av.data, av.stride, K, y, ldy, pf);
+    cd::k512::q6_k_x16_tile<C>(g, av.data, av.stride, K, y, ldy, pf);
 }
 
 using repacked_fn = void (*)(const std::byte*, const cd::a8_lane*, const cd::act_view&, std::int64_t, float*, std::int64_t, const std::byte*);
@@ -191,7 +99,7 @@ int main(int argc, char** argv) {
         const std::byte* src = w.row(16 * g);
         std::byte* dst = packed_w.data() + std::size_t(g) * 16 * ws;
         if (q8) cd::k512::repack_q8_0_x16(src, ws, nb, dst);
-        else if (q6) repack_q6_k_x16(src, ws, K / 256, dst);
+        else if (q6) cd::k512::repack_q6_k_x16(src, ws, K / 256, dst);
         else cd::k512::repack_q4_k_x16(src, ws, K / 256, dst);
     }
     const repacked_fn* repacked_tiles = q8 ? repacked_q8_0_tiles : q6 ? repacked_q6_k_tiles : repacked_q4_k_tiles;
@@ -231,7 +139,7 @@ int main(int argc, char** argv) {
                         const std::int64_t ahead = f == 3 ? next + pf_groups - 1 : -1;
                         const std::byte* gp = packed_w.data() + std::size_t(g) * 16 * ws;
                         // Q6_K: --pf super-blocks ahead in the stream (the probe's prefetch), not groups
-                        const std::byte* pfp = q6 ? (f == 3 ? gp + std::size_t(pf_groups) * q6x_bytes : nullptr)
+                        const std::byte* pfp = q6 ? (f == 3 ? gp + std::size_t(pf_groups) * cd::k512::q6_k_x16_block_bytes : nullptr)
                                                   : ahead >= 0 && ahead < groups ? packed_w.data() + std::size_t(ahead) * 16 * ws : nullptr;
                         repacked_tiles[C - 1](gp, lanes, av, K, y_pack.data() + g * 16, rows, pfp);
                     }

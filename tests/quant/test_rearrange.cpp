@@ -36,7 +36,9 @@ float blockwise(dtype t, const std::byte* row, const float* x, std::int64_t K) {
     const dtype at = quant::activation_type(t);
     std::vector<std::byte> a(quant::row_bytes(at, K));
     quant::quantize_row(at, x, a.data(), K);
-    return t == dtype::q8_0 ? cd::q8_0_blockwise_ref(row, a.data(), K) : cd::q4_k_blockwise_ref(row, a.data(), K);
+    return t == dtype::q8_0 ? cd::q8_0_blockwise_ref(row, a.data(), K)
+         : t == dtype::q4_k ? cd::q4_k_blockwise_ref(row, a.data(), K)
+                            : cd::q6_k_blockwise_ref(row, a.data(), K);
 }
 
 // Hands `be` the matrices of `s` as the products of a writable private copy.
@@ -50,8 +52,8 @@ void rearrange(backend::cpu& be, std::vector<weight*> products) {
 }  // namespace rearrange_test
 using namespace rearrange_test;
 
-TEST_CASE("rearranged Q8_0 / Q4_K matrices: blockwise twins in the groups, row tiles past them, every token count") {
-    for (dtype t : {dtype::q8_0, dtype::q4_k}) {
+TEST_CASE("rearranged Q8_0 / Q4_K / Q6_K matrices: blockwise twins in the groups, row tiles past them, every token count") {
+    for (dtype t : {dtype::q8_0, dtype::q4_k, dtype::q6_k}) {
         if (!cd::kernels_for(t).repack) {
             MESSAGE("this build has no 16-row layout for " << dtype_name(t) << " (needs AVX-512 VNNI)");
             continue;
@@ -110,14 +112,14 @@ TEST_CASE("rearranging: matrices of other types, too few rows or overlapping vie
         MESSAGE("this build has no 16-row layout (needs AVX-512 VNNI)");
         return;
     }
-    stack q8(dtype::q8_0, 32, 64, 1, 1), few(dtype::q8_0, 15, 64, 1, 2), q6(dtype::q6_k, 32, 256, 1, 3), shared(dtype::q8_0, 48, 64, 1, 4);
+    stack q8(dtype::q8_0, 32, 64, 1, 1), few(dtype::q8_0, 15, 64, 1, 2), q5(dtype::q5_k, 32, 256, 1, 3), shared(dtype::q8_0, 48, 64, 1, 4);
     weight a = shared.w, b = shared.w.row_slice(16, 16);  // b overlaps a with another shape
-    const std::vector<std::byte> q6_before = q6.bytes, shared_before = shared.bytes;
+    const std::vector<std::byte> q5_before = q5.bytes, shared_before = shared.bytes;
     backend::cpu be({2});
     std::vector<const std::byte*> record;
     bool decided = false;
     weight_memory m;
-    m.products = {&q8.w, &few.w, &q6.w, &a, &b};
+    m.products = {&q8.w, &few.w, &q5.w, &a, &b};
     m.rewrite_once = [&](const weight_memory::rearrange_fn& fn) {
         if (!decided) {
             decided = true;
@@ -128,8 +130,8 @@ TEST_CASE("rearranging: matrices of other types, too few rows or overlapping vie
     be.map_weights(m);
     CHECK(q8.w.layout == weight_layout::rows16);
     CHECK(few.w.layout == weight_layout::file);
-    CHECK(q6.w.layout == weight_layout::file);
-    CHECK(q6.bytes == q6_before);
+    CHECK(q5.w.layout == weight_layout::file);
+    CHECK(q5.bytes == q5_before);
     CHECK(a.layout == weight_layout::file);
     CHECK(b.layout == weight_layout::file);
     CHECK(shared.bytes == shared_before);

@@ -38,7 +38,7 @@ struct cpu_options {
     int threads = 0;         // 0: all hardware threads
     bool huge_pages = true;  // map_weights moves the weights into 2 MiB pages (io/huge_pages.hpp) when memory allows
     bool prefault = true;    // otherwise it populates the page tables of the weight file at load
-    // map_weights rearranges the Q8_0 / Q4_K product matrices into 16-row groups (matmul.hpp:
+    // map_weights rearranges the Q8_0 / Q4_K / Q6_K product matrices into 16-row groups (matmul.hpp:
     // x16_block) when it may rewrite the bytes (weights in huge pages); CLOVER_NO_REARRANGE=1
     // turns it off too (side-by-side benchmarks).
     bool rearrange = true;

@@ -278,6 +278,25 @@ void q8_0_x16_tile(const std::byte* g, Acts a, std::int64_t nb, float* y, std::i
 // 121–126 vs 117–124 (the streaming small batch: both at the ~120 that Q8_0's form also reaches
 // there, so no gain). clover bench on the 8-layer Q4_K_M file, 2 threads, seven alternating
 // rounds: pp512 median 295 vs 288 t/s, tg64x8 135 vs 131 — both within that day's noise.
+// Super-block b of the 16 rows w, w + ws, …: u[r] the row's 256 codes (0..63) as bytes, s16[r]
+// its 16 scales.
+inline void q6_k_unpack16(const std::byte* w, std::size_t ws, std::int64_t b, std::uint8_t (&u)[16][256], std::int16_t (&s16)[16][16]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);  // as q6_k_tile_body
+    const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    for (int r = 0; r < 16; ++r) {
+        const auto* blk = reinterpret_cast<const quant::block_q6_k*>(w + std::size_t(r) * ws) + b;
+        for (int g = 0; g < 4; ++g) {  // values 64g .. 64g + 63: half g/2, nibble g%2
+            const int h = g / 2;
+            const __m512i ql = _mm512_loadu_si512(blk->ql + 64 * h);
+            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + 32 * h)));
+            const __m512i lo = (g & 1) ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4) : _mm512_and_si512(ql, m4);
+            const __m512i hb = (g & 1) ? _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30) : _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
+            _mm512_storeu_si512(u[r] + 64 * g, _mm512_or_si512(lo, hb));
+        }
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(s16[r]), _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->scales))));
+    }
+}
 template <int C>
 void q6_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
                      std::int64_t ldy, const std::byte* pf) {
@@ -286,9 +305,6 @@ void q6_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
     const __m512i lane_row = _mm512_loadu_si512(q8_0_lanes_row);
     // the gather reads the dword at 206 (scales[14..15], d) so that it stays inside the block
     const __m512i d_off = _mm512_add_epi32(_mm512_mullo_epi32(lane_row, _mm512_set1_epi32(int(ws))), _mm512_set1_epi32(206));
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);  // as q6_k_tile_body
-    const __m512i shr = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
     alignas(64) std::uint8_t u[16][256];   // the 16 rows' codes (0..63) of one super-block
     alignas(64) std::int16_t s16[16][16];  // their scales
     alignas(64) std::int32_t sc[16][16];   // [sub-block][lane]: the scale of the lane's row
@@ -296,20 +312,7 @@ void q6_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (std::int64_t b = 0; b < nsb; ++b) {
         prefetch_share(pf, 16 * bs, b);
-        for (int r = 0; r < 16; ++r) {
-            const auto* blk = reinterpret_cast<const quant::block_q6_k*>(w + std::size_t(r) * ws) + b;
-            for (int g = 0; g < 4; ++g) {  // values 64g .. 64g + 63: half g/2, nibble g%2
-                const int h = g / 2;
-                const __m512i ql = _mm512_loadu_si512(blk->ql + 64 * h);
-                const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh + 32 * h)));
-                const __m512i lo = (g & 1) ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4) : _mm512_and_si512(ql, m4);
-                const __m512i hb = (g & 1) ? _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30)
-                                           : _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30);
-                _mm512_store_si512(u[r] + 64 * g, _mm512_or_si512(lo, hb));
-            }
-            _mm256_store_si256(reinterpret_cast<__m256i*>(s16[r]),
-                               _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->scales))));
-        }
+        q6_k_unpack16(w, ws, b, u, s16);
         __m512i sp[8];  // lane l, dword i: the scales 2i and 2i + 1 of the lane's row, as int16
         transpose16x32(reinterpret_cast<const std::byte*>(s16), 32, sp);
         for (int i = 0; i < 8; ++i) {

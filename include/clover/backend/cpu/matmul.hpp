@@ -28,6 +28,7 @@
 
 #include "clover/backend/cpu/kernels_avx2.hpp"
 #include "clover/backend/cpu/kernels_avx512.hpp"
+#include "clover/backend/cpu/kernels_avx512_x16.hpp"
 #include "clover/backend/cpu/kernels_float.hpp"
 #include "clover/backend/cpu/simd.hpp"
 #include "clover/core/error.hpp"
@@ -144,7 +145,7 @@ struct kernel_set {
     // writes one group of 16 file rows into that layout; x16_rows / x16_packed compute a group
     // × C = 1..8 tokens from prepared rows / packed tokens (Q8_0 only), y[c·ldy + r]; g is the
     // group's first byte, pf a group to prefetch or null. Every (row, token) is the blockwise
-    // twin's (q8_0_blockwise_ref, q4_k_blockwise_ref) at any C, so these forms are row-exact
+    // twin's (q8_0_blockwise_ref, q4_k_blockwise_ref, q6_k_blockwise_ref) at any C, so these forms are row-exact
     // and serve every token count. Null where the build has none (the matrices stay as filed).
     using repack_fn = void (*)(const std::byte* w, std::size_t ws, std::int64_t K, std::byte* out);
     using x16_rows_fn = void (*)(const std::byte* g, const std::byte* a, std::size_t as, std::int64_t K, float* y, std::int64_t ldy,
@@ -155,6 +156,9 @@ struct kernel_set {
     x16_rows_fn x16_rows[8] = {};
     x16_packed_fn x16_packed[8] = {};
     int x16_pf_from = 1;  // tokens from which each group prefetches the one two groups on
+    // > 0: instead, each group prefetches its own stream this many bytes ahead (pf = the group's
+    // first byte + x16_pf_ahead, running on into the next group): Q6_K (k512::q6_k_x16_tile)
+    std::size_t x16_pf_ahead = 0;
     gemv2_fn gemv2 = nullptr;
     int gemm_r = 2, gemm_c = 4;
     enum class prep { f32_exact, f16_round, bf16_round, bf16_raw, q8_0_std, q8_0_pair, q8_k_std, q8_k_ext } act{};
@@ -326,6 +330,9 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
 #if CLOVER_CPU_AVX512_VNNI
                 fill8(ks.lanes16_rows, []<int C> { return k512::q6_k_lanes_rows<C>; });
                 ks.lanes_from = 6;
+                ks.repack = k512::repack_q6_k_group;
+                fill8(ks.x16_rows, []<int C> { return k512::q6_k_x16_tile<C>; });
+                ks.x16_pf_ahead = k512::q6_k_x16_pf_ahead;
 #endif
                 break;
 #elif CLOVER_CPU_AVX2
@@ -575,7 +582,11 @@ inline std::int64_t x16_block(const kernel_set& ks, const weight& w, std::int64_
     const std::int64_t end = std::min(r1, w.rows / 16 * 16);
     if (r0 >= end) return r0;
     const bool prefetch = t1 - t0 >= ks.x16_pf_from;
-    auto pf = [&](std::int64_t r) { return prefetch && r + 32 < end ? w.row(r + 32) : nullptr; };
+    auto pf = [&](std::int64_t r) -> const std::byte* {
+        if (!prefetch) return nullptr;
+        if (ks.x16_pf_ahead) return w.row(r) + ks.x16_pf_ahead;  // may run past the matrix: a prefetch never faults
+        return r + 32 < end ? w.row(r + 32) : nullptr;
+    };
     if (ks.x16_packed[0] && t1 - t0 <= small_batch_tokens && w.cols <= lanes_max_k) {
         packed_groups(a, t0, t1, w.cols, r0, end, [&](std::int64_t r, const a8_lane* packed, int c) {
             ks.x16_packed[c - 1](w.row(r), packed, w.cols, y + t0 * ldy + r, ldy, pf(r));
