@@ -297,6 +297,32 @@ inline void q6_k_unpack16(const std::byte* w, std::size_t ws, std::int64_t b, st
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(s16[r]), _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk->scales))));
     }
 }
+// The 16-row Q6_K forms' int32 sums for C tokens of one super-block (ab[c]: the tokens' a8k_block).
+// Start: isum[c] = −32·Σ sc·(16-sum of a), from sp[i] (lane l: the scales 2i and 2i + 1 of the
+// lane's row as int16).
+template <int C>
+inline void q6_k_offset_sums(const __m512i (&sp)[8], const a8k_block* const (&ab)[C], __m512i (&isum)[C]) {
+    for (int c = 0; c < C; ++c) {
+        __m512i corr = _mm512_setzero_si512();
+        for (int i = 0; i < 8; ++i) corr = _mm512_dpwssd_epi32(corr, sp[i], _mm512_broadcastd_epi32(_mm_loadu_si32(ab[c]->bsums + 2 * i)));
+        isum[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(corr, 5));
+    }
+}
+// Chunk k (values 32k .. 32k + 31: sub-blocks 2k and 2k + 1): wt the 16 rows' codes in the lanes
+// (transpose16x32's layout), sc0 / sc1 the two sub-blocks' scales of each lane's row.
+template <int C>
+inline void q6_k_chunk_sums(const __m512i (&wt)[8], __m512i sc0, __m512i sc1, const a8k_block* const (&ab)[C], int k,
+                            __m512i (&isum)[C]) {
+    for (int c = 0; c < C; ++c) {
+        const std::int8_t* qa = ab[c]->qs + 32 * k;
+        __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+        for (int j = 0; j < 4; ++j) {
+            d0 = _mm512_dpbusd_epi32(d0, wt[j], _mm512_broadcastd_epi32(_mm_loadu_si32(qa + 4 * j)));
+            d1 = _mm512_dpbusd_epi32(d1, wt[j + 4], _mm512_broadcastd_epi32(_mm_loadu_si32(qa + 16 + 4 * j)));
+        }
+        isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(d0, sc0), _mm512_mullo_epi32(d1, sc1)));
+    }
+}
 template <int C>
 void q6_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std::size_t as, std::int64_t K, float* y,
                      std::int64_t ldy, const std::byte* pf) {
@@ -322,27 +348,13 @@ void q6_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
             _mm512_srli_epi32(_mm512_i32gather_epi32(d_off, w + std::size_t(b) * bs, 1), 16)));
         const a8k_block* ab[C];
+        for (int c = 0; c < C; ++c) ab[c] = reinterpret_cast<const a8k_block*>(a + std::size_t(c) * as) + b;
         __m512i isum[C];
-        for (int c = 0; c < C; ++c) {  // −32·Σ sc·(16-sum of a)
-            ab[c] = reinterpret_cast<const a8k_block*>(a + std::size_t(c) * as) + b;
-            __m512i corr = _mm512_setzero_si512();
-            for (int i = 0; i < 8; ++i)
-                corr = _mm512_dpwssd_epi32(corr, sp[i], _mm512_broadcastd_epi32(_mm_loadu_si32(ab[c]->bsums + 2 * i)));
-            isum[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(corr, 5));
-        }
+        q6_k_offset_sums<C>(sp, ab, isum);
         for (int k = 0; k < 8; ++k) {  // values 32k .. 32k + 31: sub-blocks 2k and 2k + 1
             __m512i wt[8];
             transpose16x32(reinterpret_cast<const std::byte*>(u[0] + 32 * k), 256, wt);
-            const __m512i sc0 = _mm512_load_si512(sc[2 * k]), sc1 = _mm512_load_si512(sc[2 * k + 1]);
-            for (int c = 0; c < C; ++c) {
-                const std::int8_t* qa = ab[c]->qs + 32 * k;
-                __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
-                for (int j = 0; j < 4; ++j) {
-                    d0 = _mm512_dpbusd_epi32(d0, wt[j], _mm512_broadcastd_epi32(_mm_loadu_si32(qa + 4 * j)));
-                    d1 = _mm512_dpbusd_epi32(d1, wt[j + 4], _mm512_broadcastd_epi32(_mm_loadu_si32(qa + 16 + 4 * j)));
-                }
-                isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(d0, sc0), _mm512_mullo_epi32(d1, sc1)));
-            }
+            q6_k_chunk_sums<C>(wt, _mm512_load_si512(sc[2 * k]), _mm512_load_si512(sc[2 * k + 1]), ab, k, isum);
         }
         for (int c = 0; c < C; ++c)
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, _mm512_set1_ps(ab[c]->d)), acc[c]);

@@ -83,12 +83,12 @@ void q6_k_x16_tile(const std::byte* g, const std::byte* a, std::size_t as, std::
             return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(o + q6_k_x16_scales + 32 * std::size_t(i))));
         };
         const a8k_block* ab[C];
+        for (int c = 0; c < C; ++c) ab[c] = reinterpret_cast<const a8k_block*>(a + std::size_t(c) * as) + b;
         __m512i isum[C];
-        for (int c = 0; c < C; ++c) {  // −32·Σ sc·(16-sum of a)
-            ab[c] = reinterpret_cast<const a8k_block*>(a + std::size_t(c) * as) + b;
-            __m512i corr = _mm512_setzero_si512();
-            for (int i = 0; i < 8; ++i) corr = _mm512_dpwssd_epi32(corr, pair(i), _mm512_broadcastd_epi32(_mm_loadu_si32(ab[c]->bsums + 2 * i)));
-            isum[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(corr, 5));
+        {
+            __m512i sp[8];  // converted once for all the tokens
+            for (int i = 0; i < 8; ++i) sp[i] = pair(i);
+            q6_k_offset_sums<C>(sp, ab, isum);
         }
         for (int k = 0; k < 8; ++k) {  // values 32k .. 32k + 31: sub-blocks 2k and 2k + 1
             if (pf) {  // 420 of the super-block's 3,360 bytes: 7 lines
@@ -107,16 +107,7 @@ void q6_k_x16_tile(const std::byte* g, const std::byte* a, std::size_t as, std::
                 wt[j] = _mm512_and_si512(_mm512_ternarylogic_epi32(ln, hn, m4, 0xe4), m3f);
             }
             const __m512i sp = pair(k);
-            const __m512i sc0 = _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16), sc1 = _mm512_srai_epi32(sp, 16);
-            for (int c = 0; c < C; ++c) {
-                const std::int8_t* qa = ab[c]->qs + 32 * k;
-                __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
-                for (int j = 0; j < 4; ++j) {
-                    d0 = _mm512_dpbusd_epi32(d0, wt[j], _mm512_broadcastd_epi32(_mm_loadu_si32(qa + 4 * j)));
-                    d1 = _mm512_dpbusd_epi32(d1, wt[j + 4], _mm512_broadcastd_epi32(_mm_loadu_si32(qa + 16 + 4 * j)));
-                }
-                isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(d0, sc0), _mm512_mullo_epi32(d1, sc1)));
-            }
+            q6_k_chunk_sums<C>(wt, _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16), _mm512_srai_epi32(sp, 16), ab, k, isum);
         }
         for (int c = 0; c < C; ++c)
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, _mm512_set1_ps(ab[c]->d)), acc[c]);
