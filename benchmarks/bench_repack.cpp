@@ -9,8 +9,8 @@
 //                super-block; Q6_K: an unpack to bytes and 8 transposes) and prefetches the next
 //                16 rows (lanes_small_batch for Q8_0, the rows tile per 16-row group otherwise)
 //   repacked   — the same arithmetic on the repacked groups: plain loads, one sequential stream;
-//                "+pf" prefetches the group --pf groups ahead (Q6_K: its stream --pf super-blocks
-//                ahead, as the engine's x16_pf_ahead does with 2).
+//                "+pf" prefetches the group --pf groups ahead (Q6_K and Q4_K: their stream --pf
+//                super-blocks ahead, as the engine's x16_pf_ahead does with 2).
 // The repacked kernels' sums are those of the 16-row forms (the blockwise twins' order), checked
 // bit for bit here (exit 1 otherwise). Why the layout: the row tiles and the 16-row forms sum in
 // different orders, so for the file's layout the engine uses the 16-row forms only where a batch
@@ -117,10 +117,10 @@ int main(int argc, char** argv) {
     std::vector<float> y_rows(std::size_t(8 * rows)), y_lanes(y_rows.size()), y_pack(y_rows.size());
 
     if (!json)
-        std::printf("bench_repack: %d thread(s), %s %lld x %lld streaming (%.2f GB), GMAC/s (medians of %d), prefetch %d groups ahead\n"
+        std::printf("bench_repack: %d thread(s), %s %lld x %lld streaming (%.2f GB), GMAC/s (medians of %d), prefetch %d %s ahead\n"
                     "| tokens | row tiles | lanes (transposing) | repacked | repacked+pf | repacked+pf / row tiles | repacked+pf / lanes |\n"
                     "|---|---|---|---|---|---|---|\n",
-                    threads, q8 ? "Q8_0" : q6 ? "Q6_K" : "Q4_K", (long long)rows, (long long)K, double(ws) * double(rows) * 1e-9, reps, pf_groups);
+                    threads, q8 ? "Q8_0" : q6 ? "Q6_K" : "Q4_K", (long long)rows, (long long)K, double(ws) * double(rows) * 1e-9, reps, pf_groups, q8 ? "groups" : "super-blocks");
     bool all_same = true;
     for (int C = 1; C <= 8; ++C) {
         if (q8) cd::pack_a8_lanes(act, as, C, nb, lanes);
@@ -138,9 +138,10 @@ int main(int argc, char** argv) {
                         const std::int64_t next = g + 1 < r1 / 16 ? g + 1 : g + 1 + 32 * (threads - 1);  // this thread's next chunk
                         const std::int64_t ahead = f == 3 ? next + pf_groups - 1 : -1;
                         const std::byte* gp = packed_w.data() + std::size_t(g) * 16 * ws;
-                        // Q6_K: --pf super-blocks ahead in the stream (the probe's prefetch), not groups
-                        const std::byte* pfp = q6 ? (f == 3 ? gp + std::size_t(pf_groups) * cd::k512::q6_k_x16_block_bytes : nullptr)
-                                                  : ahead >= 0 && ahead < groups ? packed_w.data() + std::size_t(ahead) * 16 * ws : nullptr;
+                        // Q6_K and Q4_K: --pf super-blocks ahead in the stream (the engine's x16_pf_ahead), not groups
+                        const std::size_t sb_bytes = q6 ? cd::k512::q6_k_x16_block_bytes : cd::k512::q4_k_x16_block_bytes;
+                        const std::byte* pfp = !q8 ? (f == 3 ? gp + std::size_t(pf_groups) * sb_bytes : nullptr)
+                                                   : ahead >= 0 && ahead < groups ? packed_w.data() + std::size_t(ahead) * 16 * ws : nullptr;
                         repacked_tiles[C - 1](gp, lanes, av, K, y_pack.data() + g * 16, rows, pfp);
                     }
             }

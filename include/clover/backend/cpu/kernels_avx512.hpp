@@ -378,6 +378,7 @@ void q6_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
 // Where q4_k_lanes_body reads a super-block of 16 rows: the file's rows (4 gathers and 4
 // transposes per super-block) or a group repacked once (repack_q4_k_x16: plain loads).
 struct q4_k_rows_source {
+    static constexpr bool stream = false;  // pf: a group to prefetch, its share per super-block in one burst
     const std::byte* w;
     std::size_t ws;
     __m512i row_off;  // lane l: q8_0_lanes_row[l] · ws
@@ -400,7 +401,14 @@ struct q4_k_rows_source {
 // [d | dmin], then their scale dwords 0, 1, 2, each as 16 lanes, then qs in 4 chunks of 8
 // registers as transpose16x32 leaves them — the bytes of 16 rows of the file, rearranged.
 inline constexpr std::size_t q4_k_x16_block_bytes = 16 * sizeof(quant::block_q4_k);
+inline constexpr std::size_t q4_k_x16_pf_ahead = 2 * q4_k_x16_block_bytes;  // the stream prefetch's distance
 struct q4_k_x16_source {
+    // pf: the stream itself, q4_k_x16_pf_ahead on, spread over the 4 chunks of each super-block —
+    // what rescued Q6_K's repacked form (kernels_avx512_x16.hpp). Against the whole group two on,
+    // prefetched at each super-block's start: bench_repack --type q4_k -t 2, two runs, 1 token
+    // 1.20–1.51x the row tiles (0.99x before), 8 tokens 1.56–1.59x (1.41–1.47x); end to end on
+    // the 8-layer Q4_K_M file tg64x8 1.10–1.17x, tg64x1 1.05–1.19x (alternating rounds, 2026-12-07).
+    static constexpr bool stream = true;
     const std::byte* g;
     void scales(std::int64_t b, __m512i& dd, __m512i& w0, __m512i& w1, __m512i& w2) const {
         const std::byte* o = g + std::size_t(b) * q4_k_x16_block_bytes;
@@ -441,7 +449,7 @@ inline void q4_k_lanes_body(const Source& src, const std::byte* a, std::size_t a
     __m512 acc[C];
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     for (std::int64_t b = 0; b < nsb; ++b) {
-        prefetch_share(pf, 16 * bs, b);
+        if constexpr (!Source::stream) prefetch_share(pf, 16 * bs, b);
         __m512i dd, w0, w1, w2;  // [d | dmin] and the scale dwords of each lane's row
         src.scales(b, dd, w0, w1, w2);
         // k4_scales, lane-wise: byte j of sc_lo / m_lo is (sc, m)[j], of sc_hi / m_hi (sc, m)[j + 4]
@@ -467,6 +475,11 @@ inline void q4_k_lanes_body(const Source& src, const std::byte* a, std::size_t a
         __m512i isum[C];
         for (int c = 0; c < C; ++c) isum[c] = _mm512_setzero_si512();
         for (int p = 0; p < 4; ++p) {  // qs[32p ..]: sub-blocks 2p (low nibbles) and 2p + 1 (high)
+            if constexpr (Source::stream)
+                if (pf) {  // 576 of the super-block's 2,304 bytes: 9 lines
+                    const char* f = reinterpret_cast<const char*>(pf) + std::size_t(b) * (16 * bs) + 576 * std::size_t(p);
+                    for (int line = 0; line < 9; ++line) __builtin_prefetch(f + 64 * line, 0, 3);
+                }
             __m512i lo[8], hi[8];
             src.nibbles(b, p, lo);
             for (int j = 0; j < 8; ++j) {

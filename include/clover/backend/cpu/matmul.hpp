@@ -157,7 +157,7 @@ struct kernel_set {
     x16_packed_fn x16_packed[8] = {};
     int x16_pf_from = 1;  // tokens from which each group prefetches the one two groups on
     // > 0: instead, each group prefetches its own stream this many bytes ahead (pf = the group's
-    // first byte + x16_pf_ahead, running on into the next group): Q6_K (k512::q6_k_x16_tile)
+    // first byte + x16_pf_ahead, running on into the next group): Q6_K and Q4_K
     std::size_t x16_pf_ahead = 0;
     gemv2_fn gemv2 = nullptr;
     int gemm_r = 2, gemm_c = 4;
@@ -322,6 +322,7 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
                 ks.lanes_from = 6;
                 ks.repack = k512::repack_q4_k_group;
                 fill8(ks.x16_rows, []<int C> { return k512::q4_k_x16_tile<C>; });
+                ks.x16_pf_ahead = k512::q4_k_x16_pf_ahead;
 #endif
                 break;
             case dtype::q5_k: fill_tiles<q5_k_512>(ks); fill_stream_tiles<q5_k_512_pf>(ks); ks.act = P::q8_k_ext; break;
@@ -573,7 +574,8 @@ inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int6
 // Rows [r0, r1) of a rearranged matrix (weight_layout::rows16; r0 on a group): its full groups
 // with the repacked forms, each group prefetching the one two groups on (bench_repack measured
 // two ahead best: Q4_K 8 tokens 271 vs 174 GMAC/s without, 1 token 67 vs 54; Q8_0 from 3 tokens:
-// kernel_set::x16_pf_from).
+// kernel_set::x16_pf_from) or, for Q6_K and Q4_K, its own stream 2 super-blocks ahead
+// (kernel_set::x16_pf_ahead).
 // Small batches (decode) read Q8_0 tokens packed per block, as lanes_small_batch does; prefill
 // chunks the prepared rows. Returns the first row it left to the row tiles (the rows past the
 // last full group, which kept the file's layout).
