@@ -165,6 +165,17 @@ inline void prefetch_share(const std::byte* pf, std::size_t share, std::int64_t 
     const std::size_t step = share * std::size_t(b);
     for (std::size_t o = step & ~std::size_t(63); o < step + share; o += 64) __builtin_prefetch(reinterpret_cast<const char*>(pf) + o, 0, 3);
 }
+// The repacked forms' stream prefetch (kernel_set::x16_pf_ahead): pf (or null) is the stream
+// itself some super-blocks ahead, block_bytes per super-block; super-block b's bytes are split
+// into `parts` equal shares and share `part` (its lines, rounded up) is prefetched while chunk
+// `part` of super-block b is computed, so the lines go out spread over the super-block.
+template <std::size_t block_bytes, int parts>
+inline void prefetch_part(const std::byte* pf, std::int64_t b, int part) {
+    if (!pf) return;
+    constexpr std::size_t share = block_bytes / parts, lines = (share + 63) / 64;
+    const char* p = reinterpret_cast<const char*>(pf) + std::size_t(b) * block_bytes + share * std::size_t(part);
+    for (std::size_t line = 0; line < lines; ++line) __builtin_prefetch(p + 64 * line, 0, 3);
+}
 
 struct lanes_packed {
     const a8_lane* a;
@@ -475,11 +486,7 @@ inline void q4_k_lanes_body(const Source& src, const std::byte* a, std::size_t a
         __m512i isum[C];
         for (int c = 0; c < C; ++c) isum[c] = _mm512_setzero_si512();
         for (int p = 0; p < 4; ++p) {  // qs[32p ..]: sub-blocks 2p (low nibbles) and 2p + 1 (high)
-            if constexpr (Source::stream)
-                if (pf) {  // 576 of the super-block's 2,304 bytes: 9 lines
-                    const char* f = reinterpret_cast<const char*>(pf) + std::size_t(b) * (16 * bs) + 576 * std::size_t(p);
-                    for (int line = 0; line < 9; ++line) __builtin_prefetch(f + 64 * line, 0, 3);
-                }
+            if constexpr (Source::stream) prefetch_part<16 * bs, 4>(pf, b, p);  // 576 bytes: 9 lines
             __m512i lo[8], hi[8];
             src.nibbles(b, p, lo);
             for (int j = 0; j < 8; ++j) {

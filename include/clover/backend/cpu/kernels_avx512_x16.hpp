@@ -91,10 +91,7 @@ void q6_k_x16_tile(const std::byte* g, const std::byte* a, std::size_t as, std::
             q6_k_offset_sums<C>(sp, ab, isum);
         }
         for (int k = 0; k < 8; ++k) {  // values 32k .. 32k + 31: sub-blocks 2k and 2k + 1
-            if (pf) {  // 420 of the super-block's 3,360 bytes: 7 lines
-                const char* p = reinterpret_cast<const char*>(pf) + std::size_t(b) * q6_k_x16_block_bytes + 420 * std::size_t(k);
-                for (int line = 0; line < 7; ++line) __builtin_prefetch(p + 64 * line, 0, 3);
-            }
+            prefetch_part<q6_k_x16_block_bytes, 8>(pf, b, k);  // 420 bytes: 7 lines
             const std::byte* lo = o + q6_k_x16_lo + 512 * std::size_t(k >> 1);
             const std::byte* hi = o + q6_k_x16_hi + 512 * std::size_t(k >> 2);
             const int hs = 2 * (k & 3);  // where chunk k's high bits sit; they go to bits 4, 5
