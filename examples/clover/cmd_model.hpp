@@ -1,5 +1,6 @@
 #pragma once
 // `clover logits` and `clover generate` (cli.md).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <variant>
@@ -11,6 +12,21 @@
 #include "common.hpp"
 
 namespace clover::cli {
+
+// The most tokens one session may hold: the model's context (context_length), and never more
+// than 2^24 (what -c allows elsewhere). Checked before a session is sized: a file of a million
+// lines of ids used to make a 3M-token session and grow to gigabytes before failing (issue 38).
+template <class M>
+std::int64_t context_limit(const M& m) {
+    const std::int64_t c = m.hp().n_ctx_train;
+    return std::min<std::int64_t>(c > 0 ? c : std::int64_t(1) << 24, std::int64_t(1) << 24);
+}
+
+// `generate --parallel`: the most lines (sequences) one run takes. Each holds a job, its
+// output and its stats (~1 KB); a million-line file would hold ~1 GB before the first pass.
+inline constexpr std::size_t max_parallel_lines = 65536;
+// `logits`: the most bytes of logits written (rows x vocabulary x 4), held in memory first.
+inline constexpr std::size_t max_logits_bytes = std::size_t(4) << 30;
 
 // One --parallel run on the model type of the chosen device.
 template <class M, class Opts>
@@ -25,11 +41,18 @@ void generate_parallel_on(const Opts& o, const std::vector<std::vector<token>>& 
     any_decoder dec = decode::ar{};
     if (o.decoder == "diffusion") dec = decode::low_confidence{o.block, o.threshold, o.coreset_set ? o.coreset : -1};
     if (o.decoder == "speculative") dec = decode::self_speculative{o.block, 1, o.threshold, o.coreset_set ? o.coreset : -1};
+    const std::int64_t limit = context_limit(*m);
+    for (std::size_t i = 0; i < prompts.size(); ++i)
+        if (std::int64_t(prompts[i].size()) >= limit)
+            fail(o.ids_file, " line ", i + 1, ": ", prompts[i].size(), " ids; the model's context holds ", limit,
+                 " tokens (prompt and answer)");
     std::vector<std::vector<token>> out(prompts.size());
     std::vector<decode::sequence_job<any_decoder>> jobs(prompts.size());
     for (std::size_t i = 0; i < prompts.size(); ++i) {
         jobs[i].prompt = prompts[i];
-        jobs[i].session_ctx = o.ctx > 0 ? o.ctx : 0;
+        // Without -c: the prompt, -n and a block, but never past the model's context (the
+        // answer then ends there, stop_reason "context").
+        jobs[i].session_ctx = o.ctx > 0 ? o.ctx : std::min<std::int64_t>(std::int64_t(prompts[i].size()) + o.n + o.block, limit);
         jobs[i].kv_f16 = o.kv == "f16";
         jobs[i].o = &g;
         jobs[i].dec = dec;
@@ -50,24 +73,29 @@ void generate_parallel_on(const Opts& o, const std::vector<std::vector<token>>& 
 }
 
 // `clover generate --ids-file F --parallel N`: every line of F a prompt; stats JSON per
-// sequence on stderr (in input order), then one aggregate line.
+// sequence on stderr (in input order), then one aggregate line. Output line k answers input
+// line k, so a blank line is an error (skipping it would shift every answer after it); only
+// the end of the file may follow the last newline.
 template <class Opts>
 void generate_parallel(const Opts& o) {
     if (o.ids_file.empty() || !o.ids.empty()) fail("generate: --parallel takes the prompts from --ids-file (one per line)");
     std::vector<std::vector<token>> prompts;
     {
         const std::string text = read_file(o.ids_file);
+        const std::size_t lines = std::size_t(std::count(text.begin(), text.end(), '\n')) + (text.ends_with('\n') ? 0 : 1);
+        if (lines > max_parallel_lines)
+            fail(o.ids_file, ": ", lines, " lines; --parallel takes at most ", max_parallel_lines, " prompts a run (split the file)");
         std::size_t a = 0, line = 0;
-        while (a <= text.size()) {
+        while (a < text.size()) {
             std::size_t b = text.find('\n', a);
             if (b == std::string::npos) b = text.size();
             ++line;
             const std::string l = text.substr(a, b - a);
-            if (l.find_first_not_of(" \t\r") != std::string::npos) {
-                auto ids = parse_ids(l, o.ids_file + " line " + std::to_string(line));
-                if (ids.empty()) fail(o.ids_file, " line ", line, ": no token ids");
-                prompts.push_back(std::move(ids));
-            }
+            if (l.find_first_not_of(" \t\r") == std::string::npos)
+                fail(o.ids_file, " line ", line, " is blank: every line is one prompt (output line k answers input line k)");
+            auto ids = parse_ids(l, o.ids_file + " line " + std::to_string(line));
+            if (ids.empty()) fail(o.ids_file, " line ", line, ": no token ids");
+            prompts.push_back(std::move(ids));
             a = b + 1;
         }
     }
@@ -106,6 +134,16 @@ inline void add_model_commands(CLI::App& app) {
             if (o->coreset >= 0 && block.empty()) fail("logits: --coreset needs --block-ids");
             on_device(o->dev, [&]<class M>(std::type_identity<M>, const device_choice& dc) {
                 auto m = open_model<M>(o->model, o->threads, dc);
+                // Before the session and the logits are sized (a file of a million lines used to
+                // grow to gigabytes before failing).
+                const std::int64_t limit = context_limit(*m);
+                if (std::int64_t(ids.size() + block.size()) > limit)
+                    fail("logits: ", ids.size(), " ids", block.empty() ? "" : " and " + std::to_string(block.size()) + " block rows",
+                         " exceed the model's context of ", limit, " tokens");
+                const double rows = double(block.empty() ? ids.size() : block.size());
+                if (rows * double(m->n_vocab()) * 4 > double(max_logits_bytes))
+                    fail("logits: ", std::size_t(rows), " rows of ", m->n_vocab(), " logits would take more than ", max_logits_bytes >> 30,
+                         " GiB; pass fewer ids");
                 auto s = m->new_session({.ctx = std::int64_t(ids.size() + block.size()), .kv_f16 = o->kv == "f16"});
                 std::vector<float> logits;
                 if (block.empty()) {
@@ -167,7 +205,12 @@ inline void add_model_commands(CLI::App& app) {
             if (ids.empty()) fail("generate: no token ids given");
             on_device(o->dev, [&]<class M>(std::type_identity<M>, const device_choice& dc) {
                 auto m = open_model<M>(o->model, o->threads, dc);
-                const std::int64_t ctx = o->ctx > 0 ? o->ctx : std::int64_t(ids.size()) + o->n + o->block;
+                const std::int64_t limit = context_limit(*m);
+                if (std::int64_t(ids.size()) >= limit)
+                    fail("generate: the prompt has ", ids.size(), " ids; the model's context holds ", limit, " tokens (prompt and answer)");
+                // Without -c: the prompt, -n and a block, but never past the model's context (the
+                // answer then ends there, stop_reason "context").
+                const std::int64_t ctx = o->ctx > 0 ? o->ctx : std::min<std::int64_t>(std::int64_t(ids.size()) + o->n + o->block, limit);
                 auto s = m->new_session({.ctx = ctx, .kv_f16 = o->kv == "f16"});
                 decode::generate_options g;
                 g.max_tokens = o->n;
