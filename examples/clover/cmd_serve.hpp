@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -23,28 +24,34 @@ namespace clover::cli {
 inline std::atomic<bool> serve_stop{false};
 inline void serve_on_signal(int) { serve_stop = true; }
 
-// The key: --api-key, else the first line of --api-key-file, else $CLOVER_API_KEY (empty: none).
-// A file or the environment keep it out of `ps`.
-inline std::string api_key(const std::string& flag, const std::string& file) {
-    if (!flag.empty() && !file.empty()) fail("serve: give --api-key or --api-key-file, not both");
-    if (!flag.empty()) return flag;
+// The keys: --api-key (repeatable), else the lines of --api-key-file (one key each; blank lines
+// are skipped), else $CLOVER_API_KEY (none: no key). A file or the environment keep them out of
+// `ps`. Several keys are several tenants: each its own prefix-cache scope by default.
+inline std::vector<std::string> api_keys(const std::vector<std::string>& flags, const std::string& file) {
+    if (!flags.empty() && !file.empty()) fail("serve: give --api-key or --api-key-file, not both");
+    for (const auto& k : flags)
+        if (k.empty()) fail("serve: --api-key must not be empty");
+    if (!flags.empty()) return flags;
     if (!file.empty()) {
         std::ifstream f(file);
         if (!f) fail("serve: cannot read the API key file '", file, "'");
-        std::string key;
-        std::getline(f, key);
-        while (!key.empty() && (key.back() == '\r' || key.back() == ' ' || key.back() == '\t')) key.pop_back();
-        if (key.empty()) fail("serve: the API key file '", file, "' is empty (the key is its first line)");
-        return key;
+        std::vector<std::string> keys;
+        for (std::string key; std::getline(f, key);) {
+            while (!key.empty() && (key.back() == '\r' || key.back() == ' ' || key.back() == '\t')) key.pop_back();
+            if (!key.empty()) keys.push_back(key);
+        }
+        if (keys.empty()) fail("serve: the API key file '", file, "' is empty (one key per line)");
+        return keys;
     }
     const char* env = std::getenv("CLOVER_API_KEY");
-    return env ? std::string(env) : std::string();
+    return env && *env ? std::vector<std::string>{env} : std::vector<std::string>{};
 }
 
 inline void add_serve_commands(CLI::App& app) {
     auto* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health)");
     struct opts {
         std::string model, alias, key_file, kv = "f16";
+        std::vector<std::string> keys;
         int threads = 0;
         bool quiet = false;
         device_flags dev;
@@ -55,9 +62,10 @@ inline void add_serve_commands(CLI::App& app) {
     c->add_option("-m,--model", o->model, std::string("GGUF model file or HF folder (default: the bundled ") + bundled_model_name + ")");
     c->add_option("--host", s.host, "address to bind (default 127.0.0.1: this machine only)");
     c->add_option("--port", s.port, "port (0: any free port)")->check(CLI::Range(0, 65535));
-    c->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1 requests (visible in ps: prefer "
-                                          "--api-key-file or CLOVER_API_KEY)");
-    c->add_option("--api-key-file", o->key_file, "read the API key from the first line of this file");
+    c->add_option("--api-key", o->keys, "require 'Authorization: Bearer KEY' on /v1 requests; repeatable, one key per tenant "
+                                        "(visible in ps: prefer --api-key-file or CLOVER_API_KEY)")
+        ->allow_extra_args(false);
+    c->add_option("--api-key-file", o->key_file, "read the API keys from this file, one per line");
     c->add_option("--cors", s.cors_origins, "allow browser pages from this origin (e.g. http://localhost:3000; '*': any); repeatable")
         ->allow_extra_args(false);
     c->add_option("--allow-host", s.allowed_hosts, "accept this Host name too (a reverse proxy's) when bound to loopback; repeatable")
@@ -68,6 +76,16 @@ inline void add_serve_commands(CLI::App& app) {
         ->check(CLI::Range(1LL, 4096LL));
     c->add_option("--batch-tokens", s.batch_tokens, "rows per batched step: prompt chunks of new requests wait beyond it")
         ->check(CLI::Range(1LL, 1LL << 20));
+    c->add_option("--max-block", s.max_block, "largest diffusion block a request may ask for (each preview pass computes it whole)")
+        ->check(CLI::Range(1LL, 1LL << 20));
+    c->add_option("--max-draft", s.max_draft, "largest speculative block (draft) a request may ask for")->check(CLI::Range(2LL, 1LL << 20));
+    c->add_option("--max-rows-per-token", s.max_rows_per_token,
+                  "progress rule: a diffusion block or speculative cycle costing more rows per token it decides halves the "
+                  "request's block (0: off)")
+        ->check(CLI::Range(0LL, 1LL << 20));
+    c->add_option("--cache-scope", s.cache_scope, "who shares cached prefixes: key (each API key its own; the default with a key) "
+                                                  "or global")
+        ->check(CLI::IsMember({"key", "global"}));
     c->add_option("--cache-ram", s.cache_ram_mib, "MiB for the prefix cache (earlier prompts' KV pages and GDN states, reused by "
                                                "requests that share a prefix, e.g. the next turn of a chat; 0: off)")
         ->check(CLI::Range(0LL, 1LL << 30));
@@ -94,8 +112,13 @@ inline void add_serve_commands(CLI::App& app) {
     add_device_flags(c, o->dev);
     c->callback([o] {
         const std::string path = o->model.empty() ? bundled_model() : o->model;
-        o->srv.api_key = api_key(o->srv.api_key, o->key_file);
+        auto keys = api_keys(o->keys, o->key_file);
+        if (!keys.empty()) {
+            o->srv.api_key = keys.front();
+            o->srv.api_keys.assign(keys.begin() + 1, keys.end());
+        }
         if (o->srv.decoder == "speculative" && o->srv.block < 2) fail("serve: --block must be at least 2 for the speculative decoder");
+        if (o->srv.block > o->srv.max_block) fail("serve: --block ", o->srv.block, " is above --max-block ", o->srv.max_block);
         if (o->srv.max_tokens_limit > o->srv.ctx) o->srv.max_tokens_limit = o->srv.ctx;
         o->srv.default_max_tokens = std::min(o->srv.default_max_tokens, o->srv.max_tokens_limit);
         o->srv.kv_f16 = o->kv == "f16";

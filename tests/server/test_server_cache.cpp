@@ -156,3 +156,63 @@ TEST_CASE("prefix cache: cache_prompt false neither reuses nor keeps a prefix, a
     nc["cache_prompt"] = "no";
     CHECK(is_error(post(port, "/v1/chat/completions", nc), 400));
 }
+
+TEST_CASE("prefix cache: cache_salt scopes cached prefixes: another salt, or none, sees nothing of a salted prompt") {
+    auto& f = fx();
+    server::server srv(f.m, f.tok, opts());
+    const int port = srv.start();
+    json b = user("A question from one tenant: " + words(5, 120));
+    b["max_tokens"] = 2;
+    b["temperature"] = 0;
+    auto salted = [&](const char* salt) {
+        json x = b;
+        if (salt) x["cache_salt"] = salt;
+        // Kept by the model thread just after answering, before it takes the next request.
+        auto r = post(port, "/v1/chat/completions", x);
+        REQUIRE(r.status == 200);
+        return r;
+    };
+    CHECK(cached_of(salted("tenant-a")) == 0);
+    CHECK(cached_of(salted("tenant-b")) == 0);  // the same prompt under another salt: nothing to learn
+    CHECK(cached_of(salted(nullptr)) == 0);     // nor without one
+    const auto again = salted("tenant-a");
+    CHECK(cached_of(again) > 0);                 // the same salt reuses it
+    CHECK(cached_of(salted("tenant-b")) > 0);
+    CHECK(cached_of(salted(nullptr)) > 0);
+    CHECK(again.body["choices"][0]["message"] == salted(nullptr).body["choices"][0]["message"]);
+    for (json bad : {json(""), json(5), json::array({"a"}), json(std::string(1025, 's'))}) {
+        json x = b;
+        x["cache_salt"] = bad;
+        auto r = post(port, "/v1/chat/completions", x);
+        CHECK(is_error(r, 400));
+        CHECK(r.body["error"]["param"] == "cache_salt");
+    }
+}
+
+TEST_CASE("prefix cache: each API key is its own scope (--cache-scope key, the default with keys); global shares") {
+    auto& f = fx();
+    for (const char* scope : {"auto", "key", "global"}) {
+        CAPTURE(scope);
+        auto o = opts();
+        o.api_key = "alice-key";
+        o.api_keys = {"bob-key"};
+        o.cache_scope = scope;
+        server::server srv(f.m, f.tok, o);
+        const int port = srv.start();
+        json b = user("Shared system prompt and question: " + words(6, 120));
+        b["max_tokens"] = 2;
+        b["temperature"] = 0;
+        auto as = [&](const char* key) {
+            auto r = post(port, "/v1/chat/completions", b, {{"Authorization", std::string("Bearer ") + key}});
+            REQUIRE(r.status == 200);
+            return cached_of(r);
+        };
+        CHECK(is_error(post(port, "/v1/chat/completions", b, {{"Authorization", "Bearer eve-key"}}), 401));
+        CHECK(as("alice-key") == 0);
+        const bool shared = std::string(scope) == "global";
+        CHECK((as("bob-key") > 0) == shared);  // bob's first request: alice's prefix only if global
+        CHECK(as("alice-key") > 0);
+        CHECK(as("bob-key") > 0);
+        CHECK(post(port, "/v1/chat/completions", b, {{"X-Api-Key", "bob-key"}}).status == 200);
+    }
+}

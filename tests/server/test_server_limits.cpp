@@ -201,3 +201,45 @@ TEST_CASE("limits: open connections are bounded (503 past --max-connections), id
     }
     CHECK(get(port, "/health").status == 200);
 }
+
+TEST_CASE("limits: a diffusion block past --max-block or a speculative one past --max-draft gets a 400 naming the field and the cap") {
+    auto& f = fx();
+    server::server srv(f.m, f.tok, opts());
+    const int port = srv.start();
+    // The audit's request: every pass a 1,024-row preview deciding one token.
+    json hostile = {{"prompt", "x"}, {"decoder", "diffusion"}, {"block", 1024}, {"threshold", 1.0}, {"max_tokens", 4096}, {"stream", true}};
+    auto r = post(port, "/v1/completions", hostile);
+    REQUIRE(is_error(r, 400));
+    CHECK(r.body["error"]["param"] == "block");
+    const std::string msg = r.body["error"]["message"];
+    CHECK(msg.find("at most 64") != std::string::npos);
+    CHECK(msg.find("--max-block") != std::string::npos);
+    hostile["decoder"] = "speculative";
+    r = post(port, "/v1/completions", hostile);
+    REQUIRE(is_error(r, 400));
+    CHECK(r.body["error"]["param"] == "block");
+    CHECK(r.body["error"]["message"].get<std::string>().find("at most 32") != std::string::npos);
+    CHECK(r.body["error"]["message"].get<std::string>().find("--max-draft") != std::string::npos);
+    // At the caps: accepted.
+    for (auto [dec, block] : {std::pair{"diffusion", 64}, std::pair{"speculative", 32}}) {
+        CAPTURE(dec);
+        json ok = {{"prompt", "x"}, {"decoder", dec}, {"block", block}, {"max_tokens", 2}};
+        CHECK(post(port, "/v1/completions", ok).status == 200);
+    }
+    // The operator's caps, and a default block above the cap refused at construction.
+    auto o = opts();
+    o.max_block = 8;
+    server::server small(f.m, f.tok, [&] { auto p = o; p.block = 8; return p; }());
+    const int p2 = small.start();
+    CHECK(post(p2, "/v1/completions", json{{"prompt", "x"}, {"decoder", "diffusion"}, {"block", 8}, {"max_tokens", 2}}).status == 200);
+    r = post(p2, "/v1/completions", json{{"prompt", "x"}, {"decoder", "diffusion"}, {"block", 9}, {"max_tokens", 2}});
+    CHECK(is_error(r, 400));
+    CHECK(r.body["error"]["message"].get<std::string>().find("at most 8") != std::string::npos);
+    CHECK_THROWS_WITH_AS(server::server(f.m, f.tok, o), doctest::Contains("above --max-block"), error);
+    o = opts();
+    o.max_draft = 1;
+    CHECK_THROWS_WITH_AS(server::server(f.m, f.tok, o), doctest::Contains("--max-draft at least 2"), error);
+    o = opts();
+    o.cache_scope = "tenant";
+    CHECK_THROWS_WITH_AS(server::server(f.m, f.tok, o), doctest::Contains("--cache-scope"), error);
+}

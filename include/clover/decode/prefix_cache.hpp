@@ -17,12 +17,19 @@
 // request's logits are bit-identical to computing the whole prompt (tests/decode/
 // test_prefix_cache.cpp). Memory: pages and GDN states count against a byte budget; the least
 // recently used resume points go first, with the pages only they needed.
+//
+// Scopes: every entry belongs to a scope (a string; "" by default), one tree each, and a lookup
+// sees only its own scope's tree. A server gives each tenant (an API key, a request's cache_salt)
+// its own scope, so that cached_tokens and the time to first token tell nobody whether another
+// tenant sent a prompt. Isolation has a price: the same prefix is computed and held once per scope.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "clover/core/error.hpp"
@@ -88,10 +95,10 @@ public:
     // it would run in whole); `cached` says how many tokens (0: a fresh session). Whole pages
     // are shared, not copied.
     session open(session_options o, std::span<const token> prompt, std::span<const std::int64_t> cuts, std::int64_t limit,
-                 std::int64_t& cached) {
+                 std::int64_t& cached, std::string_view scope = {}) {
         cached = 0;
         ++lookups_;
-        tail* t = find(prompt, cuts, std::min<std::int64_t>(limit, std::int64_t(prompt.size()) - 1));
+        tail* t = find(prompt, cuts, std::min<std::int64_t>(limit, std::int64_t(prompt.size()) - 1), scope);
         if (!t || (o.kv_f16 ? 1 : 0) != pool_) return m_.new_session(o);
         std::vector<std::int32_t> pages(std::size_t(t->owner->depth));
         for (node* n = t->owner; n->parent; n = n->parent) pages[std::size_t(n->depth - 1)] = n->page;
@@ -108,13 +115,13 @@ public:
 
     // Keeps the resume points of a session (its checkpoints up to `upto`, with the pages before
     // them), then evicts down to the budget. The session is only read: its GDN states are copied.
-    void insert(const session& s, std::int64_t upto) {
-        insert_with(s, upto, [&](std::int64_t c) { return m_.save_state(s, c); });
+    void insert(const session& s, std::int64_t upto, std::string_view scope = {}) {
+        insert_with(s, upto, scope, [&](std::int64_t c) { return m_.save_state(s, c); });
     }
     // The same for a session that is done (a server's finished request): its checkpoints move
     // into the cache instead of being copied, so it can no longer go back to them.
-    void insert_finished(session& s, std::int64_t upto) {
-        insert_with(s, upto, [&](std::int64_t c) { return m_.take_state(s, c); });
+    void insert_finished(session& s, std::int64_t upto, std::string_view scope = {}) {
+        insert_with(s, upto, scope, [&](std::int64_t c) { return m_.take_state(s, c); });
     }
 
     // Drops everything (its pages go back to the pool unless sessions still hold them).
@@ -137,14 +144,14 @@ public:
     // Resume positions held, ascending (tests).
     std::vector<std::int64_t> positions() const {
         std::vector<std::int64_t> v;
-        walk(root_, [&](const tail& t) { v.push_back(pos_of(t)); });
+        for (const auto& [k, root] : roots_) walk(root, [&](const tail& t) { v.push_back(pos_of(t)); });
         std::sort(v.begin(), v.end());
         return v;
     }
 
 private:
     template <class StateAt>
-    void insert_with(const session& s, std::int64_t upto, StateAt&& state_at) {
+    void insert_with(const session& s, std::int64_t upto, std::string_view scope, StateAt&& state_at) {
         if (s.pool() != pool_) return;
         upto = std::min(upto, s.n_past());
         const std::vector<token>& toks = s.tokens();
@@ -153,14 +160,16 @@ private:
             // A point the cache holds already (every earlier turn's, in a conversation) is only
             // touched: copying its GDN states again to throw them away cost the next turn's TTFT
             // ~5-10 ms on the bundled model (the next request is admitted after this).
-            if (tail* held = find(std::span<const token>(toks).first(std::size_t(c)), std::span<const std::int64_t>(&c, 1), c)) {
+            if (tail* held = find(std::span<const token>(toks).first(std::size_t(c)), std::span<const std::int64_t>(&c, 1), c, scope)) {
                 held->used = ++clock_;
                 continue;
             }
             // First what can fail (save_state's copy of the GDN states, tens of MB on a large model), so
             // a failure leaves no page held and no node without a resume point.
             saved st = state_at(c);
-            node* n = &root_;
+            auto r = roots_.find(scope);
+            if (r == roots_.end()) r = roots_.try_emplace(std::string(scope)).first;
+            node* n = &r->second;
             for (std::int64_t d = 0; d < c / P_; ++d) {
                 std::vector<token> key(toks.begin() + d * P_, toks.begin() + (d + 1) * P_);
                 auto it = n->kids.find(key);
@@ -197,10 +206,12 @@ private:
     std::int64_t pos_of(const tail& t) const { return t.owner->depth * P_ + std::int64_t(t.toks.size()); }
 
     // The resume point with the longest prefix of prompt[0, limit] that ends at a cut.
-    tail* find(std::span<const token> prompt, std::span<const std::int64_t> cuts, std::int64_t limit) {
+    tail* find(std::span<const token> prompt, std::span<const std::int64_t> cuts, std::int64_t limit, std::string_view scope) {
         tail* best = nullptr;
         std::int64_t best_pos = 0;
-        node* n = &root_;
+        auto r = roots_.find(scope);
+        if (r == roots_.end()) return nullptr;
+        node* n = &r->second;
         const std::int64_t len = std::int64_t(prompt.size());
         for (;;) {
             const std::int64_t base = n->depth * P_;
@@ -230,9 +241,10 @@ private:
     // The least recently used resume point goes, then every page only it needed.
     void evict_oldest() {
         tail* old = nullptr;
-        walk(root_, [&](const tail& t) {
-            if (!old || t.used < old->used) old = const_cast<tail*>(&t);
-        });
+        for (const auto& [k, root] : roots_)
+            walk(root, [&](const tail& t) {
+                if (!old || t.used < old->used) old = const_cast<tail*>(&t);
+            });
         if (!old) return;
         node* n = old->owner;
         if (old->page >= 0) {
@@ -255,13 +267,15 @@ private:
                 }
             n = up;
         }
+        if (!n->parent && n->tails.empty() && n->kids.empty())  // a scope with nothing left: a salt per request must not pile up roots
+            std::erase_if(roots_, [&](const auto& kv) { return &kv.second == n; });
     }
 
     Model& m_;
     int pool_;
     std::int64_t P_;
     std::size_t page_bytes_, budget_;
-    node root_;
+    std::map<std::string, node, std::less<>> roots_;  // one tree per scope
     std::uint64_t clock_ = 0;
     std::atomic<std::int64_t> lookups_{0}, hits_{0}, hit_tokens_{0}, entries_{0}, pages_{0}, evicted_{0};
     std::atomic<std::size_t> bytes_{0};

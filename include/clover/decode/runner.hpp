@@ -5,10 +5,17 @@
 // join between steps (add) and leave when they finish or are cancelled, so a server admits a new
 // request at the next step instead of after the running ones (execution.md §4).
 //
-// Per step, rows are limited by a token budget: every running generation's segment goes first
-// (one decode row, one block: they are what the clients are waiting on), then prompt chunks in
-// arrival order, each the session's batch rows (or what is left), while the budget lasts; the
-// oldest waiting prompt always gets its chunk, so nothing starves.
+// Per step, rows are limited by a token budget, for every kind of segment: a step holds at most
+// `token_budget` rows unless a single segment is larger, which then runs alone. Segments are
+// never cut to fit (a request's answer must not depend on the traffic beside it), so fairness (a
+// server's; off for generate_many, where bigger steps finish the whole set sooner) is kept over
+// steps, by deficit round robin in rows: while several sequences generate, each earns
+// the smallest segment among them per step and runs when its credit covers its segment. One
+// decode row a step beside a 64-row diffusion block gets the block in every 64th step, not in
+// every step: each generating sequence computes the same rows over time, whatever its segments.
+// Generating sequences go first (their clients are waiting), most owed first, then prompt
+// chunks in arrival order while the budget lasts; the oldest waiting prompt goes first in the
+// step after one it was left out of, so nothing starves.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -35,6 +42,7 @@ struct sequence_job {
     const generate_options* o = nullptr;
     std::function<bool(token)> on_token;
     std::function<bool()> cancelled;  // optional: checked before every step; true ends the job
+    std::function<void(const token_logprob&)> on_logprob;  // generate_options::logprobs: before on_token
     Decoder dec{};
     // Prompt indices where a prompt chunk must end, ascending; the GDN states are checkpointed
     // there (prefix_cache.hpp's prompt_cuts: the same prefix is then chunked the same way in
@@ -58,6 +66,12 @@ decltype(auto) visit_policy(const Decoder& d, F&& f) {
     else return std::visit(f, d);  // a std::variant of policies
 }
 }  // namespace detail
+
+// What a runner has done, for a server's metrics.
+struct runner_stats {
+    std::int64_t steps = 0, rows = 0, max_rows = 0;  // batched passes, their rows, the most in one
+    std::int64_t deferred = 0;  // generating segments left for a later step (fair share or budget)
+};
 
 template <class Model, class Decoder>
 class batch_runner {
@@ -86,14 +100,16 @@ class batch_runner {
         std::optional<stepper_t> stp;
         step_request req;
         std::int64_t prompt_done = 0;
-        bool in_prompt = true, in_step = false;
+        std::int64_t credit = 0;  // rows this generating sequence is owed (deficit round robin)
+        bool in_prompt = true, in_step = false, passed_over = false;
         clk::time_point t0, t1;
     };
 
 public:
-    // token_budget: rows per step (0: no limit); exact: every row as it would be alone.
-    explicit batch_runner(Model& m, std::int64_t token_budget = 0, bool exact = false)
-        : m_(m), budget_(token_budget), exact_(exact) {
+    // token_budget: rows per step (0: no limit); exact: every row as it would be alone; fair: the
+    // generating sequences' fair share (above), else each of them goes in every step it fits.
+    explicit batch_runner(Model& m, std::int64_t token_budget = 0, bool exact = false, bool fair = false)
+        : m_(m), budget_(token_budget), exact_(exact), fair_(fair) {
         if (token_budget < 0) fail("generate: the token budget must not be negative");
     }
 
@@ -137,7 +153,7 @@ public:
         }
         j.stats = {};
         L->smp.emplace(j.o->sampling);
-        L->out.emplace(*j.o, j.on_token, j.stats);
+        L->out.emplace(*j.o, j.on_token, j.stats, &j.on_logprob);
         L->cx.emplace(context<Model>{m_, *j.s, *j.o, *L->smp, *L->out, j.stats});
         L->stp.emplace(stepper_of(j.dec));
         L->t0 = clk::now();
@@ -146,6 +162,7 @@ public:
 
     std::size_t size() const { return live_.size(); }
     bool empty() const { return live_.empty(); }
+    const runner_stats& stats() const { return stats_; }
 
     // One pass over the running sequences. Returns the jobs that ended in it (finished, stopped
     // by on_token, or cancelled); their sessions are closed when the runner opened them. An
@@ -166,8 +183,15 @@ public:
         if (live_.empty()) return ended;
         plan();
         reqs_.clear();
+        std::int64_t rows = 0;
         for (auto& L : live_)
-            if (L->in_step) reqs_.push_back({L->job->s, L->req.kind, L->req.rows, L->req.logits, L->req.coreset});
+            if (L->in_step) {
+                reqs_.push_back({L->job->s, L->req.kind, L->req.rows, L->req.logits, L->req.coreset});
+                rows += std::int64_t(L->req.rows.size());
+            }
+        ++stats_.steps;
+        stats_.rows += rows;
+        stats_.max_rows = std::max(stats_.max_rows, rows);
         try {
             m_.run(reqs_, logits_, exact_);
         } catch (...) {
@@ -195,35 +219,77 @@ public:
 private:
     // Chooses every sequence's segment for this step under the token budget.
     void plan() {
+        const std::int64_t budget = budget_ > 0 ? budget_ : INT64_MAX;
         std::int64_t used = 0;
-        for (auto& L : live_) {  // generating sequences first: their clients are waiting
-            L->in_step = !L->in_prompt;
-            if (L->in_step) used += std::int64_t(L->req.rows.size());
-        }
-        bool first_prompt = true;
-        for (auto& L : live_) {
-            if (!L->in_prompt) continue;
-            const session& s = *L->job->s;
-            const std::int64_t n = std::int64_t(L->job->prompt.size());
-            // Chunks are never cut to fit the budget: a prompt is split exactly as it would be
-            // alone (the GDN's chunked form depends on where chunks end), so a request's output
-            // does not depend on the traffic beside it. The oldest prompt goes every step.
-            std::int64_t end = std::min(L->prompt_done + s.batch(), n);
-            const auto& cuts = L->job->cuts;
-            if (auto c = std::upper_bound(cuts.begin(), cuts.end(), L->prompt_done); c != cuts.end()) end = std::min(end, *c);
-            const std::int64_t m = end - L->prompt_done;
-            if (budget_ > 0 && used + m > budget_ && !first_prompt) {
-                L->in_step = false;
-                continue;
-            }
-            first_prompt = false;
-            L->in_step = true;
-            L->req.kind = pass_kind::commit;
-            L->req.rows.assign(L->job->prompt.begin() + L->prompt_done, L->job->prompt.begin() + L->prompt_done + m);
-            L->req.logits = L->prompt_done + m == n ? 1 : 0;
-            L->req.coreset = -1;
+        bool any = false;
+        // Whether a segment of m rows goes: it fits, or nothing has gone yet (a segment larger
+        // than the budget runs alone).
+        auto fits = [&](std::int64_t m) { return !any || used + m <= budget; };
+        auto take = [&](live& L, std::int64_t m) {
+            L.in_step = any = true;
             used += m;
+        };
+        for (auto& L : live_) L->in_step = false;
+        live* oldest = nullptr;
+        for (auto& L : live_)
+            if (L->in_prompt) { oldest = L.get(); break; }
+        if (oldest && oldest->passed_over) {
+            take(*oldest, prompt_chunk(*oldest));
+            oldest->passed_over = false;
         }
+        std::vector<live*> gen;
+        std::int64_t quantum = INT64_MAX;
+        for (auto& L : live_)
+            if (!L->in_prompt) {
+                gen.push_back(L.get());
+                quantum = std::min(quantum, std::int64_t(L->req.rows.size()));
+            }
+        if (gen.size() == 1) gen[0]->credit = std::int64_t(gen[0]->req.rows.size());  // alone: nobody to share with
+        else  // not fair: each always runnable, and one the budget left out goes first next time
+            for (live* g : gen) g->credit += fair_ ? quantum : std::int64_t(g->req.rows.size());
+        // The most owed first; live_ is in arrival order, so ties go to the older.
+        std::stable_sort(gen.begin(), gen.end(), [](const live* a, const live* b) {
+            return a->credit - std::int64_t(a->req.rows.size()) > b->credit - std::int64_t(b->req.rows.size());
+        });
+        for (live* g : gen) {
+            const std::int64_t m = std::int64_t(g->req.rows.size());
+            if (g->credit >= m && fits(m)) {
+                take(*g, m);
+                g->credit -= m;
+            } else {
+                ++stats_.deferred;
+            }
+        }
+        for (auto& L : live_) {
+            if (!L->in_prompt || L->in_step) continue;
+            const std::int64_t m = prompt_chunk(*L, false);
+            if (fits(m)) {
+                prompt_chunk(*L);
+                take(*L, m);
+            } else if (L.get() == oldest) {
+                L->passed_over = true;
+            }
+        }
+    }
+
+    // The rows of a prompt's next chunk; `fill`: also make it the sequence's segment. Chunks are
+    // never cut to fit the budget: a prompt is split exactly as it would be alone (the GDN's
+    // chunked form depends on where chunks end), so a request's output does not depend on the
+    // traffic beside it.
+    std::int64_t prompt_chunk(live& L, bool fill = true) {
+        const session& s = *L.job->s;
+        const std::int64_t n = std::int64_t(L.job->prompt.size());
+        std::int64_t end = std::min(L.prompt_done + s.batch(), n);
+        const auto& cuts = L.job->cuts;
+        if (auto c = std::upper_bound(cuts.begin(), cuts.end(), L.prompt_done); c != cuts.end()) end = std::min(end, *c);
+        const std::int64_t m = end - L.prompt_done;
+        if (fill) {
+            L.req.kind = pass_kind::commit;
+            L.req.rows.assign(L.job->prompt.begin() + L.prompt_done, L.job->prompt.begin() + end);
+            L.req.logits = end == n ? 1 : 0;
+            L.req.coreset = -1;
+        }
+        return m;
     }
 
     // After the pass: the prompt's progress, or the decoder's step. False: the job is over.
@@ -264,10 +330,11 @@ private:
 
     Model& m_;
     std::int64_t budget_;
-    bool exact_;
+    bool exact_, fair_;
     std::vector<std::unique_ptr<live>> live_;
     std::vector<pass_request> reqs_;
     std::vector<float> logits_;
+    runner_stats stats_;
 };
 
 }  // namespace clover::decode

@@ -1,13 +1,15 @@
 #pragma once
-// One sampler for every decoder (clover-diffusion.md §5): response-only penalties, the think and
-// stop ramps, then greedy (argmax, ties to the lower id — the peer's rule, so greedy runs compare
-// token for token) or temperature sampling with top-k, top-p and min-p from a seeded generator.
+// One sampler for every decoder (clover-diffusion.md §5): a logit bias, response-only penalties,
+// the think and stop ramps, then greedy (argmax, ties to the lower id — the peer's rule, so greedy
+// runs compare token for token) or temperature sampling with top-k, top-p and min-p from a seeded
+// generator.
 // Each choice also reports its probability, which is the LowConfidence decoder's confidence.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "clover/core/rng.hpp"
@@ -31,6 +33,8 @@ struct sampler_options {
     float stop_ramp_slope = 0.f;   // pushes `stop_token` once the answer is long
     std::int32_t think_end = -1;   // id of </think>, -1: none
     std::int32_t stop_token = -1;  // end-of-generation id the stop ramp pushes
+    // Added to a token's logit before anything else (OpenAI's logit_bias: -100 all but bans it).
+    std::vector<std::pair<std::int32_t, float>> logit_bias = {};
 };
 
 inline std::int32_t argmax(const float* logits, std::int64_t n) {
@@ -60,6 +64,37 @@ struct history {
     }
 };
 
+// A decided token's log-probability under the model's own distribution (the raw logits' log-softmax,
+// as llama-server and vLLM report it by default: before penalties, bias and temperature), with the
+// `top` likeliest tokens (`exclude`, e.g. the mask token, never among them).
+struct token_logprob {
+    std::int32_t id = 0;
+    float logprob = 0;
+    std::vector<std::pair<std::int32_t, float>> top;  // likeliest first
+};
+
+inline token_logprob logprob_of(const float* logits, std::int64_t n, std::int32_t id, std::int32_t top, std::int32_t exclude = -1) {
+    double mx = -INFINITY;
+    for (std::int64_t i = 0; i < n; ++i) mx = std::max(mx, double(logits[i]));
+    double z = 0;
+    for (std::int64_t i = 0; i < n; ++i) z += std::exp(double(logits[i]) - mx);
+    const double lse = mx + std::log(z);
+    token_logprob r;
+    r.id = id;
+    r.logprob = id >= 0 && id < n ? float(double(logits[id]) - lse) : -INFINITY;
+    // The k likeliest by one scan (k is at most 20): an insertion into a short sorted list.
+    const auto before = [&](std::int32_t a, std::int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
+    std::vector<std::int32_t> best;
+    for (std::int64_t i = 0; i < n && top > 0; ++i) {
+        if (i == exclude || std::isnan(logits[i])) continue;
+        if (std::int64_t(best.size()) == top && !before(std::int32_t(i), best.back())) continue;
+        if (std::int64_t(best.size()) == top) best.pop_back();
+        best.insert(std::upper_bound(best.begin(), best.end(), std::int32_t(i), before), std::int32_t(i));
+    }
+    for (std::int32_t t : best) r.top.emplace_back(t, float(double(logits[t]) - lse));
+    return r;
+}
+
 struct choice {
     std::int32_t id;
     float p;  // probability of id after penalties, ramps and temperature (1 for greedy ties)
@@ -74,6 +109,8 @@ public:
     // never chosen.
     void adjust(const float* logits, std::int64_t n, const history& h, std::int32_t exclude, std::vector<float>& out) const {
         out.assign(logits, logits + n);
+        for (const auto& [t, b] : o_.logit_bias)
+            if (t >= 0 && t < n) out[std::size_t(t)] += b;
         for (const auto& [t, c] : h.counts) {
             if (t < 0 || t >= n) continue;
             float& l = out[t];

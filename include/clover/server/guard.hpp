@@ -7,8 +7,12 @@
 // accepted socket itself (httplib hands it over through a TaskQueue that runs the accept
 // callback inline, and the virtual process_and_close_socket):
 //   * one admission thread holds new connections, without a pool thread, until their request
-//     headers are complete (peeked, not read), answering 408 past the request timeout, 431 past
-//     max_header_bytes and 503 past max_connections;
+//     headers are complete, answering 408 past the request timeout, 431 past max_header_bytes,
+//     400 for lines not ended by CRLF and 503 past max_connections. It reads what arrives into
+//     the connection's own buffer (handed to the pool with it) rather than peeking: a peek
+//     keeps returning the bytes already there, so a client that sent a few bytes and closed
+//     looked alive until the request timeout, and 300 such ghosts locked everyone out with
+//     503s (issue 38). Reading, a close is seen at once as the end of the stream;
 //   * then a bounded pool serves them through httplib's Server::process_request, one request
 //     per connection (no keep-alive: an idle kept-alive connection would hold a thread), over
 //     our own socket stream, whose reads stop at the request's deadline (headers and body
@@ -16,7 +20,15 @@
 //   * answered connections are closed politely (FIN, then what the client still sends is
 //     drained for a moment) so that an early 4xx is not lost to a reset.
 // Handlers can ask whether their client is still there (client_gone), which is how a
-// non-streaming request notices a client that hung up.
+// non-streaming request notices a client that hung up. A FIN alone does not say: a client
+// that only shut down its sending side (`nc -N`, some proxies) still reads its answer, while
+// one that closed resets anything sent to it. So at the first FIN an HTTP/1.1 client is sent
+// an interim "100 Continue" (RFC 9110 15.2: clients must accept unexpected 1xx responses); a
+// closed one answers with a reset, which the next look sees.
+//
+// After a request that read more than 1 MiB, the pool thread gives the allocator's free memory
+// back to the system (malloc_trim): glibc keeps freed chunks in per-thread arenas, so 24 pool
+// threads each keeping the space of a 4 MiB body (and its JSON tree) held ~1.3 GiB for good.
 //
 // Why we stay on Debian's cpp-httplib (libcpp-httplib-dev 0.11.4): it is packaged and
 // maintained in Debian 12, already does HTTP parsing, routing, chunked responses and error
@@ -28,6 +40,9 @@
 // deadline and a bounded queue.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -89,11 +104,31 @@ inline bool wait_for(int fd, short events, int timeout_ms) {
 
 inline const char* reason(int status) {
     switch (status) {
+    case 400: return "Bad Request";
     case 408: return "Request Timeout";
     case 431: return "Request Header Fields Too Large";
     case 503: return "Service Unavailable";
     default: return "Error";
     }
+}
+
+// Where the request line and headers end (just past the blank line), or npos while incomplete.
+inline std::size_t head_end(std::string_view s, std::size_t from = 0) {
+    const std::size_t at = s.find("\r\n\r\n", from < 3 ? 0 : from - 3);
+    return at == std::string_view::npos ? at : at + 4;
+}
+
+// A CR or LF that is not part of a CRLF in the request line and headers (a CR at the very end
+// may still get its LF). RFC 9112 2.2 lets a server refuse such lines; httplib and our search
+// for the blank line only know CRLF, so a request ending its lines in a bare LF used to wait
+// for the request timeout. Looks at head[from, to) only: what was looked at before is not
+// looked at again (a header sent a byte at a time must not cost a pass over all of it per byte).
+inline bool bare_line_break(std::string_view head, std::size_t from, std::size_t to) {
+    for (std::size_t i = from; i < to; ++i) {
+        if (head[i] == '\n' && (i == 0 || head[i - 1] != '\r')) return true;
+        if (head[i] == '\r' && i + 1 < head.size() && head[i + 1] != '\n') return true;
+    }
+    return false;
 }
 
 // A complete small response, written without blocking (the socket's send buffer is empty).
@@ -115,18 +150,32 @@ inline void send_error(int fd, int status, const std::string& message) {
 // write_timeout.
 class socket_stream final : public httplib::Stream {
 public:
-    socket_stream(int fd, gate_detail::clock::time_point deadline, const gate_options& o)
-        : fd_(fd), deadline_(deadline), read_timeout_(o.read_timeout), write_timeout_(o.write_timeout) {}
+    // `head`: what the admission thread already read (the headers, maybe the start of the
+    // body), served before the socket. `http11`: the request line said HTTP/1.1 (a 1xx may be sent).
+    socket_stream(int fd, gate_detail::clock::time_point deadline, const gate_options& o, std::string head = {}, bool http11 = false)
+        : fd_(fd), deadline_(deadline), read_timeout_(o.read_timeout), write_timeout_(o.write_timeout), head_(std::move(head)),
+          http11_(http11), bytes_read_(head_.size()) {}
 
-    bool is_readable() const override { return pos_ < len_ || wait_read(); }
+    bool is_readable() const override { return head_pos_ < head_.size() || pos_ < len_ || wait_read(); }
     bool is_writable() const override { return gate_detail::wait_for(fd_, POLLOUT, int(write_timeout_.count())); }
     ssize_t read(char* ptr, size_t size) override {
+        if (head_pos_ < head_.size()) {
+            const std::size_t n = std::min(size, head_.size() - head_pos_);
+            std::memcpy(ptr, head_.data() + head_pos_, n);
+            head_pos_ += n;
+            if (head_pos_ == head_.size()) {  // done with it: free it now
+                std::string().swap(head_);
+                head_pos_ = 0;
+            }
+            return ssize_t(n);
+        }
         if (pos_ == len_) {
             if (!wait_read()) return -1;
             const ssize_t n = ::recv(fd_, buf_, sizeof buf_, 0);
             if (n <= 0) return n;
             pos_ = 0;
             len_ = std::size_t(n);
+            bytes_read_ += std::size_t(n);
         }
         const std::size_t n = std::min(size, len_ - pos_);
         std::memcpy(ptr, buf_ + pos_, n);
@@ -144,17 +193,33 @@ public:
     gate_detail::clock::time_point deadline() const { return deadline_; }
     // A read gave up because the request's time was over (not because data stopped or broke).
     bool deadline_passed() const { return deadline_passed_; }
-    // The client closed its end or the connection broke (looks, never reads).
+    // Bytes of the request read so far (headers and body).
+    std::size_t bytes_read() const { return bytes_read_; }
+    // The body's Content-Length once the server has checked it (0: none or not yet), so that the
+    // body can be read into one allocation of its size rather than a doubling string.
+    void set_body_length(std::size_t n) { body_length_ = n; }
+    std::size_t body_length() const { return body_length_; }
+    // The client closed the connection or it broke (never reads). A client that only finished
+    // sending (FIN) is still there: an HTTP/1.1 one is sent "100 Continue" once, to which a
+    // closed socket answers with a reset that a later call sees (an HTTP/1.0 client cannot be
+    // asked: it keeps its answer). Only for a handler that has not started its response.
     bool peer_gone() const {
         pollfd p{fd_, short(POLLIN | gate_detail::peer_closed), 0};
         if (::poll(&p, 1, 0) <= 0) return false;
-        if (p.revents & (POLLHUP | POLLERR | gate_detail::peer_closed)) return true;
-        if (p.revents & POLLIN) {
+        if (p.revents & (POLLHUP | POLLERR)) return true;  // reset (or closed both ways)
+        bool fin = (p.revents & gate_detail::peer_closed) != 0;
+        if (!fin && (p.revents & POLLIN)) {
             char c;
             const ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-            return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+            if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return true;
+            fin = n == 0;
         }
-        return false;
+        if (!fin || probed_) return false;
+        probed_ = true;
+        if (!http11_) return false;
+        static constexpr std::string_view probe = "HTTP/1.1 100 Continue\r\n\r\n";
+        const ssize_t n = ::send(fd_, probe.data(), probe.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
     }
 
 private:
@@ -189,9 +254,13 @@ private:
     int fd_;
     gate_detail::clock::time_point deadline_;
     std::chrono::milliseconds read_timeout_, write_timeout_;
+    std::string head_;
+    std::size_t head_pos_ = 0;
+    bool http11_;
+    std::size_t bytes_read_, body_length_ = 0;
     char buf_[16384];
     std::size_t pos_ = 0, len_ = 0;
-    mutable bool deadline_passed_ = false;
+    mutable bool deadline_passed_ = false, probed_ = false;
 };
 
 class gated_server : public httplib::Server {
@@ -235,7 +304,10 @@ private:
     struct waiting {
         int fd;
         clock::time_point since, deadline;
-        std::size_t seen = 0;  // bytes peeked so far (headers still incomplete)
+        std::string head;    // read so far: request line and headers (and body bytes sent with them)
+        std::size_t scanned = 0;  // head[0, scanned) holds no blank line and no bare CR or LF
+        bool ready = true;   // poll found it readable (a new one is tried at once)
+        bool http11 = false;
     };
     struct lingering {
         int fd;
@@ -298,7 +370,7 @@ private:
         }
         ++open_;
         const auto now = clock::now();
-        waiting_.push_back({fd, now, now + o_.request_timeout});
+        waiting_.push_back({fd, now, now + o_.request_timeout, {}});
         wake();
     }
 
@@ -320,25 +392,39 @@ private:
         linger_locked(w.fd);
     }
 
+    // Reads what `w` has sent, up to max_header_bytes + 1 in all. False: the client closed (or
+    // the connection broke) before its headers were complete.
+    bool read_head(waiting& w) {
+        for (;;) {
+            const std::size_t have = w.head.size();
+            if (have > o_.max_header_bytes) return true;
+            w.head.resize(have + std::min<std::size_t>(o_.max_header_bytes + 1 - have, 16384));
+            const ssize_t n = ::recv(w.fd, w.head.data() + have, w.head.size() - have, MSG_DONTWAIT);
+            w.head.resize(have + std::size_t(std::max<ssize_t>(n, 0)));
+            if (n <= 0) return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
+            if (gate_detail::head_end(w.head, have) != std::string::npos) return true;
+        }
+    }
+
     void admission_loop() {
         std::vector<pollfd> fds;
-        std::vector<char> buf(o_.max_header_bytes + 1);
         std::unique_lock lk(mu_);
         while (running_) {
             fds.clear();
             fds.push_back({wake_[0], POLLIN, 0});
-            bool partial = false;
             auto next = clock::now() + std::chrono::seconds(1);
+            // Only this thread removes from waiting_ (admit appends): the first `polled` entries
+            // are still fds[1 .. polled] after the poll.
+            const std::size_t polled = waiting_.size();
             for (const auto& w : waiting_) {
-                if (w.seen) partial = true;  // readable until we read: looked at on a tick instead
-                else fds.push_back({w.fd, POLLIN, 0});
+                fds.push_back({w.fd, POLLIN, 0});
                 next = std::min(next, w.deadline);
             }
             for (const auto& l : lingering_) {
                 fds.push_back({l.fd, POLLIN, 0});
                 next = std::min(next, l.until);
             }
-            const int timeout = partial ? 10 : std::max(1, gate_detail::ms_until(next));
+            const int timeout = std::max(1, gate_detail::ms_until(next));
             lk.unlock();
             (void)::poll(fds.data(), nfds_t(fds.size()), timeout);
             if (fds[0].revents & POLLIN) {
@@ -347,28 +433,34 @@ private:
                 }
             }
             lk.lock();
+            for (std::size_t i = 0; i < polled; ++i) waiting_[i].ready = fds[1 + i].revents != 0;
             const auto now = clock::now();
             for (std::size_t i = 0; i < waiting_.size();) {
                 waiting& w = waiting_[i];
-                const ssize_t n = ::recv(w.fd, buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
-                bool done = false;
-                if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-                    ::close(w.fd);  // the client went away before asking anything
+                bool done = true;
+                const bool open = !w.ready || read_head(w);
+                const std::size_t end = open ? gate_detail::head_end(w.head, w.scanned) : std::string::npos;
+                const std::size_t upto = end != std::string::npos ? end : w.head.size();
+                const bool bare = open && gate_detail::bare_line_break(w.head, w.scanned, upto);
+                w.scanned = upto - (upto > 0 && w.head[upto - 1] == '\r');  // a CR at the end may get its LF
+                if (!open) {
+                    ::close(w.fd);  // the client went away before its request was complete
                     --open_;
-                    done = true;
-                } else if (n > 0 && std::string_view(buf.data(), std::size_t(n)).find("\r\n\r\n") != std::string_view::npos) {
-                    pending_.push_back(w);
+                } else if (bare) {
+                    refuse_locked(w, 400, "the request's lines must end with CRLF (a bare CR or LF was sent)");
+                } else if (end != std::string::npos) {
+                    const std::string_view line = std::string_view(w.head).substr(0, w.head.find("\r\n"));
+                    w.http11 = line.ends_with(" HTTP/1.1");
+                    pending_.push_back(std::move(w));
                     cv_.notify_one();
-                    done = true;
-                } else if (n > 0 && std::size_t(n) > o_.max_header_bytes) {
+                } else if (w.head.size() > o_.max_header_bytes) {
                     refuse_locked(w, 431, "the request line and headers are larger than " + std::to_string(o_.max_header_bytes) + " bytes");
-                    done = true;
                 } else if (now >= w.deadline) {
                     refuse_locked(w, 408, "the request did not arrive within " + std::to_string(o_.request_timeout.count() / 1000) + " s");
-                    done = true;
-                } else if (n > 0) {
-                    w.seen = std::size_t(n);
+                } else {
+                    done = false;
                 }
+                w.ready = false;
                 if (done) waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
                 else ++i;
             }
@@ -393,7 +485,7 @@ private:
         for (;;) {
             cv_.wait(lk, [&] { return !running_ || !pending_.empty(); });
             if (!running_) return;
-            const waiting w = pending_.front();
+            waiting w = std::move(pending_.front());
             pending_.pop_front();
             active_.insert(w.fd);
             lk.unlock();
@@ -406,8 +498,8 @@ private:
         }
     }
 
-    void serve(const waiting& w) {
-        socket_stream strm(w.fd, w.deadline, o_);
+    void serve(waiting& w) {
+        socket_stream strm(w.fd, w.deadline, o_, std::move(w.head), w.http11);
         current_ = &strm;
         bool closed = true;
         try {
@@ -417,6 +509,9 @@ private:
             // provider): the connection ends here instead of the process.
         }
         current_ = nullptr;
+#if defined(__GLIBC__)
+        if (strm.bytes_read() > (1u << 20)) ::malloc_trim(0);  // the body and its tree are freed by now
+#endif
     }
 
     gate_options o_;

@@ -3,6 +3,7 @@
 // chat format), generate_options (sampling, penalties, stop strings, token limit) and the
 // decoder (the `decoder` / `block` / `threshold` / `coreset` extension). Every problem with a
 // request is an http_error carrying a 4xx status and a message naming the field.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "clover/chat/parse.hpp"
 #include "clover/chat/render.hpp"
 #include "clover/decode/generate.hpp"
+#include "clover/server/json_budget.hpp"
 #include "clover/tokenizer/tokenizer.hpp"
 
 namespace clover::server {
@@ -47,16 +49,27 @@ struct options {
     std::string host = "127.0.0.1";
     int port = 8080;                       // 0: an ephemeral port (start() returns it)
     std::string api_key;                   // non-empty: every /v1 request needs "Authorization: Bearer KEY"
+    std::vector<std::string> api_keys;     // more keys, each as good as api_key (which must then be set)
     std::vector<std::string> cors_origins; // browser origins allowed to call ("*": any); others get 403
     std::vector<std::string> allowed_hosts;// Host names accepted besides loopback ones (loopback servers)
     std::string model_id = "clover";       // the name /v1/models lists and requests may give
     std::int64_t ctx = 4096;               // tokens per request (prompt + output)
     bool kv_f16 = true;                    // KV cache in F16 (false: F32)
     std::int64_t parallel = 4;             // requests generating together (continuous batching)
-    std::int64_t batch_tokens = 512;       // rows per batched step (prompt chunks wait beyond it)
+    std::int64_t batch_tokens = 512;       // rows per batched step, every kind of segment (more wait)
+    // Operator limits on a request's cost (README "Limits"): the largest diffusion block and
+    // speculative block (its draft; both also at most batch_tokens), and the progress rule's
+    // rows per decided token (decoders.hpp; 0: off).
+    std::int64_t max_block = 64;
+    std::int64_t max_draft = 32;
+    std::int64_t max_rows_per_token = 32;
     // The prefix cache's memory (KV pages and GDN states of earlier prompts, decode/prefix_cache.hpp),
     // MiB; 0: no cache, every prompt computed from its first token.
     std::int64_t cache_ram_mib = 4096;
+    // Who shares cached prefixes: "key" (each API key its own tree: a caller cannot learn from
+    // cached_tokens or timing what another key's prompts were), "global", or "auto" (key when
+    // the server has a key). A request's cache_salt narrows it further.
+    std::string cache_scope = "auto";
     std::int64_t max_tokens_limit = 4096;  // a request asking for more gets a 400
     std::int64_t default_max_tokens = 512; // when the request gives none (clamped to the context)
     std::size_t max_body_bytes = 4u << 20;
@@ -96,6 +109,8 @@ struct request {
     decoder_choice dec;
     std::int64_t ctx = 0;       // session size for this request
     bool cache_prompt = true;   // llama-server's field: false neither reuses nor keeps a cached prefix
+    std::string cache_salt;     // vLLM's field: cached prefixes are shared only with the same salt
+    std::string cache_scope;    // the prefix cache's tree for this request (the server sets it)
 };
 
 namespace protocol_detail {
@@ -140,11 +155,15 @@ inline bool boolean(const json& b, const char* key, bool def) {
 
 }  // namespace protocol_detail
 
-// The request body as JSON: 400 when it is not JSON or nests deeper than chat::max_json_depth
-// (measured before anything is built, so that nothing recursive ever sees deeper input).
-inline json parse_body(std::string_view body) {
+// The request body as JSON: 400 when it is not JSON, nests deeper than chat::max_json_depth or
+// would cost more than `budget` as a tree (all measured before anything is built, so that
+// nothing recursive ever sees deeper input and a wide body costs its text only).
+inline json parse_body(std::string_view body, const json_budget& budget = {}) {
     if (chat::json_nesting(body) > chat::max_json_depth)
         throw http_error(400, "the request body nests JSON deeper than " + std::to_string(chat::max_json_depth) + " levels (the limit)");
+    const json_check c = check_json_budget(body, budget);
+    if (!c.over.empty()) throw http_error(400, c.over);
+    if (!c.syntax.empty()) throw http_error(400, "the request body is not valid JSON: " + c.syntax);
     try {
         return json::parse(body);
     } catch (const json::parse_error& e) {
@@ -191,6 +210,36 @@ inline std::vector<token> completion_prompt(const json& p, const tokenizer& tok,
     return ids;
 }
 
+// OpenAI's logit_bias: {"token id": bias in [-100, 100], ...}.
+inline std::vector<std::pair<std::int32_t, float>> logit_bias(const json& v, std::size_t n_vocab) {
+    if (!v.is_object()) throw http_error(400, "'logit_bias' must be an object of token ids to biases, e.g. {\"15043\": -100}", "logit_bias");
+    std::vector<std::pair<std::int32_t, float>> out;
+    for (const auto& [key, b] : v.items()) {
+        const bool digits = !key.empty() && key.size() <= 9 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits || std::stoull(key) >= n_vocab)
+            throw http_error(400, "'logit_bias': \"" + key + "\" is not a token id of this model (0 to " + std::to_string(n_vocab - 1) + ")",
+                             "logit_bias");
+        if (!b.is_number() || !(b.get<double>() >= -100.0 && b.get<double>() <= 100.0))
+            throw http_error(400, "'logit_bias': the bias of token " + key + " must be a number from -100 to 100", "logit_bias");
+        out.emplace_back(std::int32_t(std::stoul(key)), b.get<float>());
+    }
+    return out;
+}
+
+// Chat: logprobs (true/false) and top_logprobs (0 to 20, with logprobs); completions: logprobs
+// (0 to 20, how many likeliest tokens). -1: none.
+inline std::int32_t requested_logprobs(const json& body, bool chat_api) {
+    if (!chat_api) {
+        if (field(body, "top_logprobs"))
+            throw http_error(400, "'top_logprobs' is a chat field; /v1/completions takes 'logprobs': N", "top_logprobs");
+        return std::int32_t(integer(body, "logprobs", 0, 20, -1));
+    }
+    const bool on = boolean(body, "logprobs", false);
+    const std::int64_t top = integer(body, "top_logprobs", 0, 20, 0);
+    if (field(body, "top_logprobs") && !on) throw http_error(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    return on ? std::int32_t(top) : -1;
+}
+
 }  // namespace protocol_detail
 
 // Parses an OpenAI request body (already valid JSON) for /v1/chat/completions (chat) or
@@ -214,7 +263,8 @@ inline request parse_request(const json& body, bool chat_api, const tokenizer& t
         if (!so->is_object()) throw http_error(400, "'stream_options' must be an object", "stream_options");
         r.include_usage = boolean(*so, "include_usage", false);
     }
-    if (integer(body, "n", 1, 1, 1) != 1) throw http_error(400, "'n' must be 1");
+    if (const json* n = field(body, "n"); n && *n != 1)
+        throw http_error(400, "'n' must be 1: this server makes one choice per request (got " + n->dump() + ")", "n");
 
     // The prompt.
     if (chat_api) {
@@ -351,6 +401,13 @@ inline request parse_request(const json& body, bool chat_api, const tokenizer& t
             if (x.empty() || x.size() > 256) throw http_error(400, "'stop' strings must be 1 to 256 bytes long", "stop");
     }
     g.piece = [&tok](token t) { return t >= 0 && std::size_t(t) < tok.n_vocab() ? std::string(tok.token_bytes(t)) : std::string(); };
+    if (const json* lb = field(body, "logit_bias")) s.logit_bias = logit_bias(*lb, tok.n_vocab());
+    g.logprobs = requested_logprobs(body, chat_api);
+    if (const json* salt = field(body, "cache_salt")) {
+        if (!salt->is_string() || salt->get_ref<const std::string&>().empty() || salt->get_ref<const std::string&>().size() > 1024)
+            throw http_error(400, "'cache_salt' must be a non-empty string of at most 1024 bytes", "cache_salt");
+        r.cache_salt = salt->get<std::string>();
+    }
 
     // The decoder (extension).
     std::string dec = o.decoder;
@@ -358,13 +415,22 @@ inline request parse_request(const json& body, bool chat_api, const tokenizer& t
         if (!d->is_string()) throw http_error(400, "'decoder' must be \"ar\", \"diffusion\" or \"speculative\"", "decoder");
         dec = d->get<std::string>();
     }
-    const std::int64_t block = integer(body, "block", dec == "speculative" ? 2 : 1, 1024, o.block);
+    // A preview block is computed whole in every pass: the operator's cap bounds a pass's rows
+    // (the step's rows are bounded by --batch-tokens, so the cap is never above it either).
+    const bool spec = dec == "speculative";
+    const std::int64_t cap = std::min(spec ? o.max_draft : o.max_block, o.batch_tokens), lo = spec ? 2 : 1;
+    std::int64_t block = integer(body, "block", lo, INT64_MAX, std::max(lo, std::min(o.block, cap)));
+    if (block > cap)
+        throw http_error(400, "'block' is " + std::to_string(block) + "; this server allows at most " + std::to_string(cap) + " for the " +
+                                  (dec == "ar" ? std::string("diffusion") : dec) + " decoder (" +
+                                  (spec ? "--max-draft " + std::to_string(o.max_draft) : "--max-block " + std::to_string(o.max_block)) +
+                                  ", --batch-tokens " + std::to_string(o.batch_tokens) + ")", "block");
     const float threshold = float(number(body, "threshold", 0.0, 1.0, o.threshold));
     std::int64_t coreset = o.coreset;
     if (field(body, "coreset")) coreset = integer(body, "coreset", 0, mi.n_expert, -1);
     if (dec == "ar") r.dec = decode::ar{};
-    else if (dec == "diffusion") r.dec = decode::low_confidence{block, threshold, coreset};
-    else if (dec == "speculative") r.dec = decode::self_speculative{block, 1, threshold, coreset};
+    else if (dec == "diffusion") r.dec = decode::low_confidence{block, threshold, coreset, o.max_rows_per_token};
+    else if (dec == "speculative") r.dec = decode::self_speculative{block, 1, threshold, coreset, o.max_rows_per_token};
     else throw http_error(400, "'decoder' must be \"ar\", \"diffusion\" or \"speculative\" (got \"" + dec + "\")", "decoder");
     if (dec != "ar" && !mi.diffusion_unavailable.empty())
         throw http_error(400, "decoder '" + dec + "' needs block diffusion, which this model cannot run: " + mi.diffusion_unavailable,

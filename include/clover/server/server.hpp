@@ -38,6 +38,8 @@
 #include <vector>
 
 #include "clover/decode/prefix_cache.hpp"
+#include "clover/server/answer_json.hpp"
+#include "clover/server/metrics.hpp"
 #include "clover/server/protocol.hpp"
 #include "clover/server/response.hpp"
 #include "clover/server/sse.hpp"
@@ -49,23 +51,6 @@
 
 namespace clover::server {
 
-struct counters {
-    std::int64_t requests = 0;   // completion requests accepted into the queue
-    std::int64_t completed = 0;  // generations that ran to their end
-    std::int64_t cancelled = 0;  // generations stopped (or skipped) because the client went away
-    std::int64_t rejected = 0;   // 4xx / 503 answers to completion requests
-    std::int64_t queued = 0;     // waiting now
-    std::int64_t running = 0;    // generating now (at most options::parallel, batched together)
-    std::int64_t peak_running = 0;  // the most that ever generated together
-    std::int64_t prompt_tokens = 0;    // prompt tokens of finished generations (computed or cached)
-    std::int64_t cached_tokens = 0;    // of those, taken from the prefix cache
-    std::int64_t generated_tokens = 0; // tokens they produced
-    decode::prefix_cache_stats cache;  // the prefix cache (budget 0: off)
-    std::int64_t kv_pages = 0;         // KV pages in use (sessions and the cache), page_size tokens each
-    std::int64_t kv_page_bytes = 0;
-    bool busy = false;           // running > 0
-};
-
 template <class Model>
 class basic_server {
 public:
@@ -76,6 +61,13 @@ public:
         if (opt_.ctx < 2) fail("serve: the context must hold at least 2 tokens");
         if (opt_.parallel < 1) fail("serve: --parallel must be at least 1");
         if (opt_.batch_tokens < 1) fail("serve: --batch-tokens must be at least 1");
+        if (opt_.max_block < 1 || opt_.max_draft < 2 || opt_.max_rows_per_token < 0)
+            fail("serve: --max-block must be at least 1, --max-draft at least 2, --max-rows-per-token at least 0");
+        if (opt_.block > opt_.max_block) fail("serve: --block ", opt_.block, " is above --max-block ", opt_.max_block);
+        if (opt_.cache_scope != "auto" && opt_.cache_scope != "key" && opt_.cache_scope != "global")
+            fail("serve: --cache-scope must be key or global (got '", opt_.cache_scope, "')");
+        if (opt_.api_key.empty() && !opt_.api_keys.empty()) fail("serve: more API keys given without a first one");
+        if (opt_.cache_scope == "auto") opt_.cache_scope = opt_.api_key.empty() ? "global" : "key";
         if (opt_.decoder != "ar" && !mi_.diffusion_unavailable.empty())
             fail("serve: decoder '", opt_.decoder, "' needs block diffusion, which this model cannot run: ", mi_.diffusion_unavailable);
         // Prompt ids must be rows of the model. More rows than tokens is how checkpoints pad
@@ -89,6 +81,7 @@ public:
         if (auto b = tok_.find_token("<|im_start|>")) boundary_ = *b;
         slots_ = opt_.http_threads - std::max(1, opt_.http_threads / 4);
         policy_.api_key = opt_.api_key;
+        policy_.more_keys = opt_.api_keys;
         policy_.cors_origins = opt_.cors_origins;
         policy_.allowed_hosts = opt_.allowed_hosts;
         policy_.loopback = is_loopback_name(host_name(opt_.host));
@@ -191,6 +184,7 @@ private:
         std::mutex mu;
         std::condition_variable cv;
         std::vector<token> tokens;  // produced so far (worker appends)
+        std::vector<decode::token_logprob> logprobs;  // tokens' (request.gen.logprobs >= 0), in step
         bool finished = false;
         std::string error;
         decode::generate_stats stats;
@@ -208,10 +202,13 @@ private:
 
     // Waits up to `d` for tokens past `seen`; appends them to `out`. True when the job is over
     // and everything has been taken.
-    static bool wait(job& j, std::size_t& seen, std::vector<token>& out, std::chrono::milliseconds d) {
+    static bool wait(job& j, std::size_t& seen, std::vector<token>& out, std::chrono::milliseconds d,
+                     std::vector<decode::token_logprob>* lps = nullptr) {
         std::unique_lock lk(j.mu);
         j.cv.wait_for(lk, d, [&] { return j.finished || j.tokens.size() > seen; });
         out.insert(out.end(), j.tokens.begin() + std::ptrdiff_t(seen), j.tokens.end());
+        if (lps && j.logprobs.size() == j.tokens.size())
+            lps->insert(lps->end(), j.logprobs.begin() + std::ptrdiff_t(seen), j.logprobs.end());
         seen = j.tokens.size();
         return j.finished;
     }
@@ -243,11 +240,13 @@ private:
             std::optional<session> s;          // from the prefix cache (or fresh)
             std::vector<std::int64_t> cuts;    // decode::prompt_cuts of the prompt
             std::string error;
+            std::optional<decode::token_logprob> lp;  // the next token's, until on_token takes it
         };
         std::list<running> active;  // stable addresses: the runner holds &sj
         // exact: a request's output does not depend on what else is in the batch (free on quantized
         // weights; on F32/F16 ones batched products skip Eigen's blocking, whose sums depend on the rows).
-        decode::batch_runner<Model, decoder_choice> run(model_, opt_.batch_tokens, true);
+        // fair: a request's passes take no more rows over time than another's (runner.hpp).
+        decode::batch_runner<Model, decoder_choice> run(model_, opt_.batch_tokens, true, true);
         auto end_job = [&](std::list<running>::iterator it, const std::string& step_error) {
             job& j = *it->j;
             const std::string& error = step_error.empty() ? it->error : step_error;
@@ -262,6 +261,7 @@ private:
                 counters_.prompt_tokens += it->sj.stats.prompt_tokens;
                 counters_.cached_tokens += it->sj.stats.cached_tokens;
                 counters_.generated_tokens += it->sj.stats.tokens;
+                counters_.cut_back += it->sj.stats.block_cuts > 0;
             }
 
             {
@@ -276,7 +276,7 @@ private:
             // after this: a copy of fresh memory cost its TTFT ~0.2 s on the 8-layer file).
             if (cache_ && it->s && step_error.empty() && j.req.cache_prompt) {
                 try {
-                    cache_->insert_finished(*it->s, std::int64_t(j.req.prompt.size()));
+                    cache_->insert_finished(*it->s, std::int64_t(j.req.prompt.size()), j.req.cache_scope);
                 } catch (const std::exception&) {  // out of memory copying GDN states: the answer stands, it is just not kept
                 }
             }
@@ -309,6 +309,7 @@ private:
                     sj.o = &j->req.gen;
                     sj.dec = j->req.dec;
                     sj.cancelled = [this, jp = j.get()] { return jp->cancel || jp->client_gone || stopping_; };
+                    if (j->req.gen.logprobs >= 0) sj.on_logprob = [rp = &r](const decode::token_logprob& lp) { rp->lp = lp; };
                     sj.on_token = [this, rp = &r](token t) {
                         job& jj = *rp->j;
                         if (jj.cancel || stopping_) return false;
@@ -319,6 +320,8 @@ private:
                         }
                         {
                             std::lock_guard lk(jj.mu);
+                            if (rp->lp) jj.logprobs.push_back(std::move(*rp->lp));
+                            rp->lp.reset();
                             jj.tokens.push_back(t);
                         }
                         jj.cv.notify_all();
@@ -327,7 +330,8 @@ private:
                     try {
                         if (cache_ && j->req.cache_prompt) {
                             const session_options so{.ctx = j->req.ctx, .kv_f16 = opt_.kv_f16};
-                            r.s.emplace(cache_->open(so, j->req.prompt, r.cuts, std::int64_t(j->req.prompt.size()) - 1, sj.cached));
+                            r.s.emplace(cache_->open(so, j->req.prompt, r.cuts, std::int64_t(j->req.prompt.size()) - 1, sj.cached,
+                                                     j->req.cache_scope));
                             sj.s = &*r.s;
                         }
                         run.add(sj);
@@ -352,6 +356,10 @@ private:
             } catch (...) {
                 step_error = "unknown error";
             }
+            {
+                std::lock_guard lk(mu_);
+                counters_.steps = run.stats();
+            }
             if (!step_error.empty()) {
                 while (!active.empty()) end_job(active.begin(), step_error);
             } else {
@@ -371,6 +379,8 @@ private:
     static void reply_error(httplib::Response& res, int status, const std::string& msg, const std::string& type = {},
                             const std::string& param = {}) {
         res.status = status;
+        // Every 503 says when to come back (the README promises it; the queue-full one lacked it).
+        if (status == 503 && !res.has_header("Retry-After")) res.set_header("Retry-After", "1");
         res.set_content(dump(error_body(status, msg, type, param)), "application/json");
     }
 
@@ -380,10 +390,28 @@ private:
         return true;  // GET and HEAD: httplib's router answers 404 itself, with nothing to read
     }
 
+    // The body's framing, for every method (RFC 9112 6.3): a length and chunks together, or two
+    // different lengths, make the request's end ambiguous (the way requests are smuggled past
+    // a proxy), and httplib would read chunks where the client sent a plain body and wait for
+    // the read timeout. An empty string: fine.
+    static std::string framing_problem(const httplib::Request& req) {
+        const std::size_t lengths = req.get_header_value_count("Content-Length");
+        if (lengths > 0 && req.has_header("Transfer-Encoding"))
+            return "the request has both Content-Length and Transfer-Encoding; send one of them";
+        for (std::size_t i = 0; i < lengths; ++i) {
+            const std::string len = req.get_header_value("Content-Length", i);
+            if (len.empty() || !std::all_of(len.begin(), len.end(), [](char c) { return c >= '0' && c <= '9'; }))
+                return "the Content-Length '" + len + "' is not a number of bytes";
+            if (len != req.get_header_value("Content-Length", 0)) return "the request has two different Content-Length headers";
+        }
+        return {};
+    }
+
     // Before routing, and before any body is read: method, Host, Origin/CORS, body framing,
     // API key. Handled: the answer is in `res`.
     httplib::Server::HandlerResponse admit(const httplib::Request& req, httplib::Response& res) {
         using R = httplib::Server::HandlerResponse;
+        if (const std::string bad = framing_problem(req); !bad.empty()) return reply_error(res, 400, bad), R::Handled;
         const std::string& m = req.method;
         if (m != "GET" && m != "HEAD" && m != "POST" && m != "OPTIONS") {
             res.set_header("Allow", "GET, HEAD, POST, OPTIONS");
@@ -427,10 +455,9 @@ private:
             if (te.empty()) {
                 if (!req.has_header("Content-Length"))
                     return reply_error(res, 411, "a request body needs a Content-Length (or chunked transfer encoding)"), R::Handled;
-                const std::string len = req.get_header_value("Content-Length");
-                if (len.empty() || len.size() > 18 || !std::all_of(len.begin(), len.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-                    std::stoull(len) > opt_.max_body_bytes)
-                    return reply_error(res, 413, body_too_large()), R::Handled;
+                const std::string len = req.get_header_value("Content-Length");  // digits (framing_problem)
+                if (len.size() > 18 || std::stoull(len) > opt_.max_body_bytes) return reply_error(res, 413, body_too_large()), R::Handled;
+                if (socket_stream* s = gated_server::current()) s->set_body_length(std::stoull(len));
             }
         }
         if (req.path != "/health" && req.path != "/v1/health" &&
@@ -445,6 +472,10 @@ private:
     // request's deadline. False: the answer is in `res`.
     bool read_body(const httplib::ContentReader& reader, httplib::Response& res, std::string& body) {
         const auto deadline = gated_server::request_deadline();
+        // One allocation of the declared size (at most max_body_bytes, checked in admit): a
+        // doubling string takes up to twice the body, and glibc keeps the top of each thread's
+        // arena (malloc_trim does not shrink those), so the excess stayed after the request.
+        if (const socket_stream* s = gated_server::current(); s && s->body_length() <= opt_.max_body_bytes) body.reserve(s->body_length());
         int refuse = 0;
         const bool ok = reader([&](const char* d, std::size_t n) {
             if (body.size() + n > opt_.max_body_bytes) refuse = 413;
@@ -530,32 +561,7 @@ private:
         svr.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
             if (!opt_.api_key.empty() && !policy_.key_ok(req.get_header_value("Authorization"), req.get_header_value("X-Api-Key")))
                 return reply_error(res, 401, "/metrics needs the API key (Authorization: Bearer KEY)", "authentication_error");
-            const counters c = stats();
-            std::string out;
-            auto metric = [&](const char* name, const char* type, const char* help, std::int64_t v) {
-                out += std::string("# HELP clover_") + name + " " + help + "\n# TYPE clover_" + name + " " + type + "\nclover_" + name +
-                       " " + std::to_string(v) + "\n";
-            };
-            metric("requests_total", "counter", "Completion requests accepted into the queue.", c.requests);
-            metric("requests_completed_total", "counter", "Generations that ran to their end.", c.completed);
-            metric("requests_cancelled_total", "counter", "Generations stopped or skipped because the client went away.", c.cancelled);
-            metric("requests_rejected_total", "counter", "4xx and 503 answers to completion requests.", c.rejected);
-            metric("requests_running", "gauge", "Requests generating now (batched together).", c.running);
-            metric("requests_queued", "gauge", "Requests waiting for a place in the batch.", c.queued);
-            metric("requests_running_peak", "gauge", "The most requests that ever generated together.", c.peak_running);
-            metric("prompt_tokens_total", "counter", "Prompt tokens computed by finished generations.", c.prompt_tokens);
-            metric("generated_tokens_total", "counter", "Tokens produced by finished generations.", c.generated_tokens);
-            metric("prompt_tokens_cached_total", "counter", "Prompt tokens taken from the prefix cache instead of computed.",
-                   c.cached_tokens);
-            metric("prefix_cache_hits_total", "counter", "Requests that resumed from a cached prefix.", c.cache.hits);
-            metric("prefix_cache_lookups_total", "counter", "Requests that looked in the prefix cache.", c.cache.lookups);
-            metric("prefix_cache_entries", "gauge", "Resume points (GDN checkpoints) the prefix cache holds.", c.cache.entries);
-            metric("prefix_cache_evicted_total", "counter", "Resume points evicted (least recently used first).", c.cache.evicted);
-            metric("prefix_cache_bytes", "gauge", "Bytes the prefix cache holds (KV pages and GDN states).", std::int64_t(c.cache.bytes));
-            metric("prefix_cache_budget_bytes", "gauge", "The prefix cache's budget (--cache-ram).", std::int64_t(c.cache.budget));
-            metric("kv_pages_used", "gauge", "KV pages in use by requests and the prefix cache.", c.kv_pages);
-            metric("kv_page_bytes", "gauge", "Bytes of one KV page (every attention layer, K and V).", c.kv_page_bytes);
-            res.set_content(out, "text/plain; version=0.0.4");
+            res.set_content(metrics_text(stats(), opt_), "text/plain; version=0.0.4");
         });
         auto models = [this](const httplib::Request&, httplib::Response& res) {
             json list = {{"object", "list"}, {"data", json::array({model_json()})}};
@@ -593,32 +599,17 @@ private:
         ++counters_.rejected;
     }
 
-    std::string finish_reason(const response_builder& rb, const decode::generate_stats& st) const {
-        if (rb.has_tool_calls()) return "tool_calls";
-        if (!rb.stopped_by_string() && (st.stop_reason == "length" || st.stop_reason == "context")) return "length";
-        return "stop";
-    }
-    static json usage_json(const request& r, const decode::generate_stats& st) {
-        const std::int64_t p = std::int64_t(r.prompt.size());
-        return {{"prompt_tokens", p}, {"completion_tokens", st.tokens}, {"total_tokens", p + st.tokens},
-                {"prompt_tokens_details", {{"cached_tokens", st.cached_tokens}}}};
-    }
-    // Ours, then llama-server's names: prompt_n counts the prompt tokens computed, cache_n
-    // those taken from the prefix cache.
-    static json timings_json(const request& r, const decode::generate_stats& st) {
-        const std::int64_t computed = std::int64_t(r.prompt.size()) - st.cached_tokens;
-        const double pms = st.prompt_seconds * 1e3, gms = st.seconds * 1e3;
-        return {{"decoder", decoder_name(r.dec)}, {"passes", st.passes()}, {"tokens_per_pass", st.tokens_per_pass()},
-                {"prompt_seconds", st.prompt_seconds}, {"seconds", st.seconds},
-                {"tokens_per_second", st.seconds > 0 ? double(st.tokens) / st.seconds : 0.0}, {"stop_reason", st.stop_reason},
-                {"cache_n", st.cached_tokens}, {"prompt_n", computed}, {"prompt_ms", pms},
-                {"prompt_per_token_ms", computed > 0 ? pms / double(computed) : 0.0},
-                {"prompt_per_second", pms > 0 ? double(computed) * 1e3 / pms : 0.0}, {"predicted_n", st.tokens},
-                {"predicted_ms", gms}, {"predicted_per_token_ms", st.tokens > 0 ? gms / double(st.tokens) : 0.0},
-                {"predicted_per_second", gms > 0 ? double(st.tokens) * 1e3 / gms : 0.0}};
+    // The prefix cache's scope of a request (prefix_cache.hpp): its API key's (--cache-scope key)
+    // and its cache_salt, each part in its own unambiguous form.
+    std::string cache_scope_of(const httplib::Request& h, const request& r) const {
+        std::string s;
+        if (opt_.cache_scope == "key" && !opt_.api_key.empty())
+            s = "key " + std::to_string(policy_.key_index(h.get_header_value("Authorization"), h.get_header_value("X-Api-Key")));
+        if (!r.cache_salt.empty()) s += "\nsalt " + r.cache_salt;
+        return s;
     }
 
-    void completion(const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader, bool chat_api) {
+    void completion(const httplib::Request& hreq, httplib::Response& res, const httplib::ContentReader& reader, bool chat_api) {
         auto held = take_slot();
         if (!held) {
             rejected();
@@ -630,7 +621,9 @@ private:
         if (!read_body(reader, res, text)) return rejected();
         std::shared_ptr<job> j;
         try {
-            j = submit(parse_request(parse_body(text), chat_api, tok_, mi_, opt_, fmt_));
+            request r = parse_request(parse_body(text), chat_api, tok_, mi_, opt_, fmt_);
+            r.cache_scope = cache_scope_of(hreq, r);
+            j = submit(std::move(r));
         } catch (const http_error& e) {
             rejected();
             return reply_error(res, e.status, e.what(), e.type, e.param);
@@ -642,11 +635,12 @@ private:
         const std::int64_t created = std::int64_t(std::time(nullptr));
         if (!j->req.stream) {
             response_builder rb(tok_, j->req);
-            std::size_t seen = 0;
+            std::size_t seen = 0, offset = 0;
             std::vector<token> got;
+            std::vector<decode::token_logprob> lps;
             for (bool done = false; !done;) {
                 got.clear();
-                done = wait(*j, seen, got, std::chrono::milliseconds(100));
+                done = wait(*j, seen, got, std::chrono::milliseconds(100), &lps);
                 for (token t : got) rb.push(t);
                 if (rb.stopped_by_string()) j->cancel = true;
                 if (!done && gated_server::client_gone()) {  // nobody will read the answer: stop making it
@@ -660,7 +654,8 @@ private:
             if (!j->error.empty()) return reply_error(res, 500, "generation failed: " + j->error, "server_error");
             json choice = {{"index", 0}};
             if (chat_api) choice["message"] = rb.message();
-            else { choice["text"] = rb.text_so_far(); choice["logprobs"] = nullptr; }
+            else choice["text"] = rb.text_so_far();
+            choice["logprobs"] = answer_logprobs(tok_, j->req, lps, offset);
             choice["finish_reason"] = finish_reason(rb, j->stats);
             json out = {{"id", id}, {"object", chat_api ? "chat.completion" : "text_completion"}, {"created", created},
                         {"model", opt_.model_id}, {"choices", json::array({choice})}, {"usage", usage_json(j->req, j->stats)},
@@ -672,17 +667,19 @@ private:
             std::shared_ptr<job> j;
             std::shared_ptr<slot> held;  // the completion slot, until the stream ends
             response_builder rb;
-            std::size_t seen = 0;
+            std::size_t seen = 0, offset = 0;
+            std::vector<decode::token_logprob> lps;  // of tokens whose text no chunk has carried yet
             bool started = false;
             std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
             stream_state(std::shared_ptr<job> jj, std::shared_ptr<slot> h, const tokenizer& tok)
                 : j(std::move(jj)), held(std::move(h)), rb(tok, j->req) {}
         };
         auto st = std::make_shared<stream_state>(j, std::move(held), tok_);
-        auto chunk = [this, id, created, chat_api](json delta, json finish) {
+        auto chunk = [this, id, created, chat_api](json delta, json finish, json logprobs) {
             json c = {{"index", 0}};
             if (chat_api) c["delta"] = std::move(delta);
-            else { c["text"] = delta.value("text", ""); c["logprobs"] = nullptr; }
+            else c["text"] = delta.value("text", "");
+            c["logprobs"] = std::move(logprobs);
             c["finish_reason"] = std::move(finish);
             return json{{"id", id}, {"object", chat_api ? "chat.completion.chunk" : "text_completion"}, {"created", created},
                         {"model", opt_.model_id}, {"choices", json::array({c})}};
@@ -730,13 +727,22 @@ private:
         if (!st->started) {
             st->started = true;
             json d = chat_api ? json{{"role", "assistant"}, {"content", ""}} : json{{"text", ""}};
-            if (!put(sse_data(chunk(d, nullptr)))) return gone();
+            if (!put(sse_data(chunk(d, nullptr, nullptr)))) return gone();
         }
         std::vector<token> got;
-        const bool done = wait(*st->j, st->seen, got, std::chrono::milliseconds(100));
-        for (token t : got)
-            for (auto& d : st->rb.push(t))
-                if (!put(sse_data(chunk(std::move(d), nullptr)))) return gone();
+        std::vector<decode::token_logprob> fresh;
+        const bool done = wait(*st->j, st->seen, got, std::chrono::milliseconds(100), &fresh);
+        // A token's log-probability rides on the first chunk that carries text after it came.
+        auto lp = [&] {
+            json v = st->lps.empty() ? json(nullptr) : answer_logprobs(tok_, st->j->req, st->lps, st->offset);
+            st->lps.clear();
+            return v;
+        };
+        for (std::size_t i = 0; i < got.size(); ++i) {
+            if (i < fresh.size()) st->lps.push_back(std::move(fresh[i]));
+            for (auto& d : st->rb.push(got[i]))
+                if (!put(sse_data(chunk(std::move(d), nullptr, lp())))) return gone();
+        }
         if (st->rb.stopped_by_string()) st->j->cancel = true;
         if (!done) {
             if (got.empty() && std::chrono::steady_clock::now() - st->last_write > std::chrono::milliseconds(250))
@@ -744,11 +750,11 @@ private:
             return true;
         }
         for (auto& d : st->rb.finish())
-            if (!put(sse_data(chunk(std::move(d), nullptr)))) return gone();
+            if (!put(sse_data(chunk(std::move(d), nullptr, lp())))) return gone();
         if (!st->j->error.empty()) {
             if (!put(sse_data(error_body(500, "generation failed: " + st->j->error)))) return gone();
         } else {
-            json last = chunk(json::object(), finish_reason(st->rb, st->j->stats));
+            json last = chunk(json::object(), finish_reason(st->rb, st->j->stats), lp());
             last["usage"] = usage_json(st->j->req, st->j->stats);
             last["timings"] = timings_json(st->j->req, st->j->stats);
             if (!put(sse_data(last))) return gone();

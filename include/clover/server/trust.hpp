@@ -58,17 +58,27 @@ inline bool is_loopback_name(std::string_view name) {
 
 struct access_policy {
     std::string api_key;                   // empty: no key needed
+    std::vector<std::string> more_keys;    // each as good as api_key (one per tenant)
     std::vector<std::string> cors_origins; // allowed cross-origin callers; "*": any
     std::vector<std::string> allowed_hosts;// extra Host names (a reverse proxy's), loopback servers only
     bool loopback = true;                  // listening on a loopback address: check Host
 
     bool key_ok(std::string_view authorization, std::string_view x_api_key) const {
-        if (api_key.empty()) return true;
-        bool ok = false;
-        if (authorization.size() > 7 && lower(authorization.substr(0, 7)) == "bearer ")
-            ok = constant_time_equal(authorization.substr(7), api_key);
-        if (!x_api_key.empty()) ok = constant_time_equal(x_api_key, api_key) || ok;
-        return ok;
+        return api_key.empty() || key_index(authorization, x_api_key) >= 0;
+    }
+    // Which key the request gives: 0 for api_key, 1 + i for more_keys[i]; -1: none of them.
+    // Every key is compared (in constant time), whichever matches.
+    int key_index(std::string_view authorization, std::string_view x_api_key) const {
+        int found = -1;
+        const bool bearer = authorization.size() > 7 && lower(authorization.substr(0, 7)) == "bearer ";
+        for (std::size_t i = 0; i <= more_keys.size(); ++i) {
+            const std::string& k = i == 0 ? api_key : more_keys[i - 1];
+            if (k.empty()) continue;
+            bool ok = bearer && constant_time_equal(authorization.substr(7), k);
+            if (!x_api_key.empty()) ok = constant_time_equal(x_api_key, k) || ok;
+            if (ok && found < 0) found = int(i);
+        }
+        return found;
     }
 
     // An absent Host (HTTP/1.0) passes: browsers always send one.
