@@ -10,7 +10,7 @@
 // pages of 32 (attend_group, the CPU backend's kernel, against attend_group_ref, its plain twin,
 // which gives the same bits): microseconds per query row and the ratio.
 // Times are the thread's CPU time (see bench::thread_cpu_s).
-// The README's kernel table comes from this program. Medians of -r repetitions.
+// The kernel figures of docs/performance.md come from this program. Medians of -r repetitions.
 //
 //   bench_kernels [-r 5] [--types q8_0,q4_k,...] [--attention] [--json]
 

@@ -108,7 +108,7 @@ diffusion commits every position of the block whose confidence reaches 0.95, or 
 most confident one, plus one commit pass per finished block: it beats one token per pass only
 on text the model is sure of, and its tokens come from the diffusion head, so they leave AR's
 where the model is unsure. A model this small is rarely sure: on 24 held-out prompts diffusion
-averages TPF 1.19 and agrees with AR on 13 % of positions (README, "Block diffusion"). The real
+averages TPF 1.19 and agrees with AR on 13 % of positions (docs/diffusion.md). The real
 model's published speeds come from a 35B model that is sure of far more text.
 
 Speculative output equal to AR's on every prompt above: $spec_lossless$( [[ $spec_lossless == yes ]] || echo ' -- that is a bug: it must be')

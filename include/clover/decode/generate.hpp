@@ -10,10 +10,10 @@
 
 namespace clover::decode {
 
-// Runs jobs together, at most max_active at a time (0: all), in job order: one batched pass per
-// step over every active sequence's next segment (a prompt chunk, a decode row, a preview block
-// or verify rows). Decoder may be one policy or a std::variant of policies. Every job is checked
-// before any starts.
+/// Runs jobs together, at most max_active at a time (0: all), in job order: one batched pass per
+/// step over every active sequence's next segment (a prompt chunk, a decode row, a preview block
+/// or verify rows). Decoder may be one policy or a std::variant of policies. Every job is checked
+/// before any starts. exact: every row computed as it would be alone.
 template <class Model, class Decoder>
 void generate_many(Model& m, std::span<sequence_job<Decoder>> jobs, std::int64_t max_active = 0, bool exact = false) {
     batch_runner<Model, Decoder> run(m, 0, exact);
@@ -27,7 +27,9 @@ void generate_many(Model& m, std::span<sequence_job<Decoder>> jobs, std::int64_t
     }
 }
 
-// on_token(id) is called for every generated token; returning false stops generation.
+/// Generates after `prompt` in session s with decoder `dec` (default-constructed: its default
+/// settings); returns the statistics. on_token(id) is called for every generated token; returning
+/// false stops generation.
 template <class Decoder, class Model>
     requires decoder_policy_for<Decoder, Model>
 generate_stats generate(Model& m, session& s, std::span<const token> prompt, const generate_options& o,

@@ -1,4 +1,7 @@
 #pragma once
+/// \file
+/// clover::model: the composed model, and the requests of a pass.
+//
 // The composed model: embedding, then per layer a token mixer of the layer's kind (the type its
 // weights hold: gated attention or Gated DeltaNet, as the architecture bound it) and a sparse
 // MoE, both pre-norm residual; final norm and LM head. Template on the variant (static or
@@ -34,21 +37,30 @@
 
 namespace clover {
 
-// Opens a model (clover::open without warnings): a GGUF file (mmap; nothing is copied unless a
-// vendor variant needs fixing) or an HF folder.
+/// Opens a model (clover::open without warnings): a GGUF file (mmap; nothing is copied unless a
+/// vendor variant needs fixing) or an HF folder.
 inline std::shared_ptr<const io::gguf_file> load(const std::filesystem::path& path) { return open(path); }
 
-// Which rows of a commit pass produce logits.
-enum class logits_rows { none, last, all };
-
-// One sequence's part of a pass (model::run).
-struct pass_request {
-    session* s;
-    pass_kind kind = pass_kind::commit;
-    std::span<const token> ids;
-    std::int64_t logits = 0;    // how many of the last rows give logits (0: none)
-    std::int64_t coreset = -1;  // preview: expert coreset (-1: the file's default)
+/// Which rows of a commit pass produce logits.
+enum class logits_rows {
+    none,  ///< no logits
+    last,  ///< the last row's
+    all    ///< one row per input id
 };
+
+/// One sequence's part of a pass (model::run).
+struct pass_request {
+    session* s;                          ///< the sequence
+    pass_kind kind = pass_kind::commit;  ///< commit, preview or verify
+    std::span<const token> ids;          ///< its rows' token ids
+    std::int64_t logits = 0;    ///< how many of the last rows give logits (0: none)
+    std::int64_t coreset = -1;  ///< preview: expert coreset (-1: the file's default)
+};
+
+/// A model of the Qwen3.5/3.6 hybrid MoE family (qwen35moe) or Clover (clover_moe): the weights
+/// of one file, bound to variant V's dimensions (static, or from the file) and run by Backend.
+/// Sequences are clover::session handles into the backend's state pool; one pass (run) batches
+/// segments of many of them.
 
 template <variant V, class Backend = backend::cpu>
 class model : private detail::sequence_owner {
@@ -57,15 +69,18 @@ class model : private detail::sequence_owner {
                   "the compiler's note names the missing primitive");
 
 public:
-    using variant_type = V;
-    using backend_type = Backend;
-    using attention_layer = layers::gated_attention<V>;
-    using gdn_layer = layers::gated_deltanet<V>;
-    using moe_layer = layers::sparse_moe<V>;
-    // The layer that runs a token mixer's weights W (each weights type names it).
+    using variant_type = V;                           ///< the dimensions (clover::variants)
+    using backend_type = Backend;                     ///< the backend policy
+    using attention_layer = layers::gated_attention<V>;  ///< the gated-attention layer
+    using gdn_layer = layers::gated_deltanet<V>;      ///< the Gated DeltaNet layer
+    using moe_layer = layers::sparse_moe<V>;          ///< the sparse MoE layer
+    /// The layer that runs a token mixer's weights W (each weights type names it).
     template <class W>
     using mixer_layer = typename W::template layer<V>;
 
+    /// Binds the file's weights (checked against V's dimensions: a mismatch is an error naming
+    /// the dimension) and hands them to the backend. `warn` receives the defaults taken for keys
+    /// the file lacks (keys the vendor's files are known to omit).
     explicit model(std::shared_ptr<const io::gguf_file> file, typename Backend::options opt = {},
                    void (*warn)(const std::string&) = nullptr)
         : hp_(read_hparams(*file, warn)), weights_(bind_weights(file, hp_)), be_(opt) {
@@ -91,20 +106,20 @@ public:
     model& operator=(const model&) = delete;
     ~model() override = default;
 
-    const hparams& hp() const { return hp_; }
-    const model_weights& weights() const { return weights_; }
-    Backend& backend() { return be_; }
-    dims<V> dim() const { return dims<V>{&hp_}; }
-    std::int64_t n_vocab() const { return hp_.n_vocab; }
+    const hparams& hp() const { return hp_; }                  ///< the file's hyperparameters
+    const model_weights& weights() const { return weights_; }  ///< the bound weights
+    Backend& backend() { return be_; }                         ///< the backend instance
+    dims<V> dim() const { return dims<V>{&hp_}; }              ///< the dimensions (static where V fixes them)
+    std::int64_t n_vocab() const { return hp_.n_vocab; }       ///< rows of the LM head
 
-    // A sequence of up to o.ctx tokens in the state pool of its KV format (pages reserved now).
+    /// A sequence of up to o.ctx tokens in the state pool of its KV format (pages reserved now).
     session new_session(session_options o = {}) {
         if (o.ctx < 1) fail("session: ctx must be at least 1");
         if (o.batch < 1) fail("session: batch must be at least 1");
         const int p = o.kv_f16 ? 1 : 0;
         return session(this, p, state_of(p).open(o.ctx), o);
     }
-    // dst takes src's state (KV rows, GDN states, tokens): a checkpoint to return to.
+    /// dst takes src's state (KV rows, GDN states, tokens): a checkpoint to return to.
     void copy_state(session& dst, const session& src) {
         if (dst.pool() != src.pool()) fail("copy_state: the sessions use different KV formats");
         if (src.n_past() > dst.n_ctx()) fail("copy_state: ", src.n_past(), " tokens do not fit a session of ", dst.n_ctx());
@@ -118,14 +133,18 @@ public:
     // can then be shared) or the end of a chat message; restore() returns a session to 0 or a checkpoint; copy_prefix() starts `dst` from
     // src's first `pos` tokens without recomputing them. Each checkpoint costs
     // checkpoint_bytes(); a session keeps the newest `state_options::gdn_checkpoints`.
-    std::int64_t page_size() { return state_of(0).page_size(); }
-    std::size_t checkpoint_bytes() { return state_of(0).checkpoint_bytes(); }
+    std::int64_t page_size() { return state_of(0).page_size(); }  ///< tokens per KV page
+    std::size_t checkpoint_bytes() { return state_of(0).checkpoint_bytes(); }  ///< the cost of one GDN checkpoint
+    /// Saves every GDN layer's state at s's position (a page boundary or a chat message's end).
     void checkpoint(session& s) { state_of(s.pool()).checkpoint(s.id()); }
+    /// The positions s has checkpoints at.
     std::vector<std::int64_t> checkpoints(const session& s) { return state_of(s.pool()).checkpoints(s.id()); }
+    /// Returns s to position pos: 0 or one of its checkpoints.
     void restore(session& s, std::int64_t pos) {
         state_of(s.pool()).restore(s.id(), pos);
         s.mutable_tokens().resize(std::size_t(pos));
     }
+    /// dst becomes src's first pos tokens (0 or a checkpoint of src) without recomputing them.
     void copy_prefix(session& dst, const session& src, std::int64_t pos) {
         if (dst.pool() != src.pool()) fail("copy_prefix: the sessions use different KV formats");
         if (pos > dst.n_ctx()) fail("copy_prefix: ", pos, " tokens do not fit a session of ", dst.n_ctx());
@@ -139,18 +158,21 @@ public:
     // tokens of every attention layer, page_bytes(pool) each; a held page stays allocated
     // until dropped. Holding costs no copy; starting from a held prefix copies only a last
     // partial page and the GDN states.
-    using saved_state = typename Backend::state::saved_state;
-    std::size_t page_bytes(int pool) { return state_of(pool).page_bytes(); }
-    std::int64_t kv_pages_used(int pool) { return state_of(pool).pages_used(); }
+    using saved_state = typename Backend::state::saved_state;  ///< GDN states saved at a position
+    std::size_t page_bytes(int pool) { return state_of(pool).page_bytes(); }      ///< bytes of one KV page
+    std::int64_t kv_pages_used(int pool) { return state_of(pool).pages_used(); }  ///< KV pages allocated
+    /// Holds count KV pages of s from page `first` on (they outlive s until drop_pages).
     std::vector<std::int32_t> hold_pages(const session& s, std::int64_t first, std::int64_t count) {
         return state_of(s.pool()).hold_pages(s.id(), first, count);
     }
+    /// Releases pages that hold_pages held.
     void drop_pages(int pool, std::span<const std::int32_t> pages) { state_of(pool).drop_pages(pages); }
+    /// A copy of s's GDN states at pos (0 or a checkpoint of s).
     saved_state save_state(const session& s, std::int64_t pos) { return state_of(s.pool()).save(s.id(), pos); }
-    // save_state without a copy: the session loses its checkpoint at pos (it cannot go back there).
+    /// save_state without a copy: the session loses its checkpoint at pos (it cannot go back there).
     saved_state take_state(session& s, std::int64_t pos) { return state_of(s.pool()).take(s.id(), pos); }
-    // A session of o.ctx tokens whose first tokens.size() positions are `pages` (from
-    // hold_pages, ceil(n / page_size()) of them) with GDN states `st` saved at that position.
+    /// A session of o.ctx tokens whose first tokens.size() positions are `pages` (from
+    /// hold_pages, ceil(n / page_size()) of them) with GDN states `st` saved at that position.
     session new_session_from(session_options o, std::span<const std::int32_t> pages, std::span<const token> tokens,
                              const saved_state& st) {
         if (o.batch < 1) fail("session: batch must be at least 1");
@@ -161,14 +183,14 @@ public:
         return s;
     }
 
-    // Exact equality of two sessions' live state (tests).
+    /// Exact equality of two sessions' live state (tests).
     bool same_state(const session& a, const session& b) {
         return a.pool() == b.pool() && a.tokens() == b.tokens() && state_of(a.pool()).same_state(a.id(), b.id());
     }
 
-    // One pass over segments of many sessions. logits: [Σ logits rows, n_vocab], in request
-    // order. Everything is checked before any state is touched. exact: every row computed as it
-    // would be alone (batch.hpp).
+    /// One pass over segments of many sessions. logits: [Σ logits rows, n_vocab], in request
+    /// order. Everything is checked before any state is touched. exact: every row computed as it
+    /// would be alone (batch.hpp).
     void run(std::span<const pass_request> reqs, std::vector<float>& logits, bool exact = false) {
         if (reqs.empty()) fail("run: no sequences in the pass");
         const int p = reqs[0].s->pool();
@@ -199,9 +221,9 @@ public:
             }
     }
 
-    // Commit pass over `ids` appended at s.n_past(). logits: [rows, n_vocab] for the chosen rows
-    // (all: one row per id; last: one row). Bad ids or a full context throw before any state
-    // is touched. Long inputs run in chunks of s.batch() rows.
+    /// Commit pass over `ids` appended at s.n_past(). logits: [rows, n_vocab] for the chosen rows
+    /// (all: one row per id; last: one row). Bad ids or a full context throw before any state
+    /// is touched. Long inputs run in chunks of s.batch() rows.
     void commit(session& s, std::span<const token> ids, logits_rows rows, std::vector<float>& logits, bool exact = false) {
         const std::int64_t n = std::int64_t(ids.size());
         check_ids(ids);
@@ -224,7 +246,7 @@ public:
         }
     }
 
-    // Why this file cannot run block diffusion, or "" when it can.
+    /// Why this file cannot run block diffusion, or "" when it can.
     std::string diffusion_unavailable() const {
         if constexpr (!V::diffusion) return std::string("variant '") + V::name + "' is causal only";
         if (!hp_.is_clover()) return "not a clover_moe file (architecture " + hp_.arch + ")";
@@ -238,27 +260,28 @@ public:
         if (hp_.mask_token_id < 0) return "the file has no diffusion.mask_token_id";
         return "";
     }
+    /// Throws clover::error saying why, when the file cannot run block diffusion.
     void require_diffusion() const {
         if (auto why = diffusion_unavailable(); !why.empty()) fail(weights_.file->path(), ": cannot run block diffusion: ", why);
     }
 
-    // Preview pass (clover-diffusion.md §3) over block rows at positions [n_past, n_past + B).
-    // logits: [B, n_vocab], no shift: row i is the distribution of the token at position
-    // n_past + i. The session is only read. coreset < 0: the file's default.
+    /// Preview pass (clover-diffusion.md §3) over block rows at positions [n_past, n_past + B).
+    /// logits: [B, n_vocab], no shift: row i is the distribution of the token at position
+    /// n_past + i. The session is only read. coreset < 0: the file's default.
     void preview(const session& s, std::span<const token> block, std::int64_t coreset, std::vector<float>& logits) {
         if (block.empty()) fail("preview: the block is empty");
         const pass_request r{const_cast<session*>(&s), pass_kind::preview, block, std::int64_t(block.size()), coreset};
         run(std::span(&r, 1), logits);
     }
 
-    // Verify pass: a causal pass over drafted rows that writes the session like a commit, with
-    // every row computed exactly as AR decoding would, and keeps what rollback() needs.
-    // logits: [n, n_vocab] (row i predicts position n_past+i+1).
+    /// Verify pass: a causal pass over drafted rows that writes the session like a commit, with
+    /// every row computed exactly as AR decoding would, and keeps what rollback() needs.
+    /// logits: [n, n_vocab] (row i predicts position n_past+i+1).
     void verify(session& s, std::span<const token> ids, std::vector<float>& logits) {
         const pass_request r{&s, pass_kind::verify, ids, std::int64_t(ids.size())};
         run(std::span(&r, 1), logits);
     }
-    // Keeps the first `keep` rows of the last verify pass and forgets the rest.
+    /// Keeps the first `keep` rows of the last verify pass and forgets the rest.
     void rollback(session& s, std::int64_t keep) {
         const dims<V> d = dim();
         be_.rollback(state_of(s.pool()), s.id(), keep, gdn_layers_, gdn_layer::shape(d));

@@ -15,7 +15,7 @@
 // The lane-parallel form before it spent ~70 % of a 4-row prefill block in the scores (perf,
 // 2 heads of 64): 4 FMAs per key and head, then ~3 shuffles and adds to reduce each dot product.
 // The values are accumulated in registers over all keys for up to 8 heads at a time; the
-// softmax is softmax.hpp's vector form. Measured (bench_kernels --attention): README.
+// softmax is softmax.hpp's vector form. Measured (bench_kernels --attention): docs/serving.md.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

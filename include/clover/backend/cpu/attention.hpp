@@ -112,8 +112,8 @@ inline void attention(thread_pool& pool, const batch& bt, const state_pool& st, 
         for (std::int64_t t = b; t < e; ++t) {
             // KV head major: a thread's consecutive tasks read the same head's keys and values,
             // which can stay in its L2 (both heads of the bundled model at ~2,750 positions are
-            // 1.4 MB of F16 K and V; one is 0.7 MB). One thread, 64 blocks of 8 rows per head at
-            // 2,750 keys, 2-core Zen 5 VM: 1.03x over alternating the heads (1.00–1.05x).
+            // 1.4 MB of F16 K and V; one is 0.7 MB); a little faster than alternating the heads
+            // (docs/performance.md).
             const row_block& blk = blocks[std::size_t(t % std::int64_t(blocks.size()))];
             const std::int64_t kvh = t / std::int64_t(blocks.size());
             const segment& s = segs[blk.seg];

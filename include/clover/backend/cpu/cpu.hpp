@@ -149,8 +149,8 @@ public:
     }
 
     // The decode products of several tokens (a batch of sequences, a verify or preview block)
-    // run 1.3–1.65x faster on rows regrouped 16 at a time (bench_repack; README "A repacked
-    // Q8_0 (and Q4_K) layout"), and the regrouped form is row-exact, so it serves every token
+    // run faster on rows regrouped 16 at a time (bench_repack; docs/performance.md, "A repacked
+    // Q8_0 (and Q4_K) layout, probed"), and the regrouped form is row-exact, so it serves every token
     // count. The file is rewritten once, in place (weight_memory::rewrite_once): the first model
     // of a file decides, and a later model of the same file marks the matrices that one
     // rearranged (it must read them the same way) and rearranges no others.

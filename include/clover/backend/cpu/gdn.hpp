@@ -22,8 +22,8 @@ namespace clover::backend::cpu_detail {
 // [c0, c1) are computed: the channels are independent, so threads can share one segment.
 // Each channel's sum runs over the taps in order (oldest first, then the look-ahead taps), as
 // the definition does; the loops run channels innermost so that they vectorise: written with the
-// tap loop innermost and a ring-or-rows choice per tap, this was 3.4 % of an 8-sequence decode
-// step of the 8-layer Q4_K_M file (perf, 2026-12-07), one scalar FMA chain per channel. y is
+// tap loop innermost and a ring-or-rows choice per tap, it was one scalar FMA chain per channel
+// and twice its present share of an 8-sequence decode step (perf; docs/performance.md). y is
 // written before m is read through, so y must not overlap m or the ring (the layer passes the
 // arena's conv_in and conv_out).
 inline void conv_silu(const gdn_shape& g, const float* wc, const float* ring, const float* m, float* y, std::int64_t n,

@@ -53,9 +53,9 @@ inline void run_gemm(thread_pool& pool, gemm_scratch& sc, std::span<const gemm_j
     if (jobs.empty()) return;
     // Dense f32 with more rows than a few sequences' decode step: Eigen's blocked GEMM, split over
     // output features. Up to small_batch_tokens rows the row tiles below stream the weights once;
-    // Eigen packed every weight block again for 8 rows (gemm_pack_lhs was 3.3 % of an 8-sequence
-    // decode step of the 8-layer Q4_K_M file, whose router and GDN gates are F32; gone from perf
-    // after this, the step's t/s unchanged within this 2-core VM's noise, 2026-12-05).
+    // Eigen packed every weight block again for 8 rows (gemm_pack_lhs showed in perf of an
+    // 8-sequence decode step of the 8-layer Q4_K_M file, whose router and GDN gates are F32, and
+    // is gone from it since; docs/performance.md).
     if (jobs.size() == 1 && jobs[0].w->type == dtype::f32 && jobs[0].n > small_batch_tokens && !jobs[0].rows && !exact) {
         const weight& w = *jobs[0].w;
         float* y = jobs[0].y;
@@ -114,8 +114,8 @@ inline void run_gemm(thread_pool& pool, gemm_scratch& sc, std::span<const gemm_j
     // stream through L1).
     // Chunking per job, not per call: in a batch of several sequences the MoE's experts mostly
     // get one row each while the shared expert gets all of them; one multi-row job used to put
-    // every 1-row expert on the prefill tiling too, and 2 sequences decoded together ran at 0.63x
-    // the aggregate of one (8-layer Q4_K_M, 2 threads, 2026-12-04).
+    // every 1-row expert on the prefill tiling too, and 2 sequences decoded together ran slower in
+    // aggregate than one alone (docs/performance.md).
     std::int64_t total_rows = 0;
     for (const gemm_job& j : jobs) total_rows += j.w->rows;
     const std::int64_t decode_rchunk = std::clamp<std::int64_t>((total_rows / (8 * pool.size()) + 3) / 4 * 4, 4, 512);

@@ -65,7 +65,7 @@ inline __m256i shift_bits(__m256i v) {
 
 // ---------------------------------------------------------------- K-quants × Q8_K (a8k_block rows)
 // Decode with one activation row is bound by these tiles' instruction count, not by DRAM, on a
-// 2-core AVX2 VM (README: Q4_K_M reached 17 GB/s of weights where Q8_0 reached 23.5 GB/s). So
+// 2-core AVX2 VM (Q4_K_M read its weights slower than Q8_0 did; docs/performance.md). So
 // per super-block: the scale field is unpacked four bytes at a time (unpack_scales_k4x4; the
 // per-byte loop of quant::unpack_scales_k4 was about a third of the Q4_K tile's instructions),
 // and each sub-block's scale is one in-lane byte shuffle of a register (bcast16) instead of a

@@ -11,8 +11,8 @@
 //             d·Σ32 (act_formats.hpp); Q6_K's −32 offset: one vpdpwssd against the 16-sums.
 //   Q8_0:     vpdpbusd of (w + 128) as u8 × a, started from the per-lane correction −16·Σa, so
 //             the 8 lanes of a block sum to Σ w·a exactly; then cvt and one FMA with d_w·d_a.
-// Measured (benchmarks/bench_kernels, Zen4, one thread, K = 2048, 64 activation rows, CPU time):
-// Q4_K 113 GMAC/s vs 35 for the AVX2 tiles (3.2×), Q8_0 81 vs 41 (2.0×); README Performance.
+// benchmarks/bench_kernels compares them with the AVX2 tiles (the figures: docs/performance.md,
+// "Measurements behind code choices").
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -122,12 +122,12 @@ inline constexpr int q8_0_lanes_row[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7,
 
 // Rows ws bytes apart; ws · 15 must fit an int32 (the scales are gathered; matmul.hpp checks).
 // pf (streaming, or null): the next 16 rows, 16·ws contiguous bytes, prefetched a block's share
-// (16 · 34 bytes) per block. Without it the 16 interleaved streams read 7 GB/s from DRAM
-// (bench_kernels batch8 fast: 53 GMAC/s, below the row tiles' 65).
+// (16 · 34 bytes) per block. Without it the 16 interleaved streams read DRAM slower than the
+// row tiles do (bench_kernels batch8 fast; docs/performance.md).
 // The activations come in one of two layouts (Acts):
 //   lanes_packed — a[b·C + c] (pack_a8_lanes): for the streaming small batch, where 8 tokens of
 //                  a8_pair rows (48 KB at K = 2048) crowded the weights out of L1 (bench_kernels
-//                  batch8 fast, three alternating runs, one thread: 74–106 -> 89–145 GMAC/s);
+//                  batch8 fast; docs/performance.md);
 //   lanes_rows   — the a8_pair rows themselves: for prefill, whose 32-row chunks would pack each
 //                  8-token group for only two 16-row groups (pp512 is unchanged against reading
 //                  the rows everywhere, within noise).
@@ -239,8 +239,8 @@ void q8_0_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
 // (lane l: row q8_0_lanes_row[l]), then the codes as transpose16x32 leaves them, offset to u8 —
 // the bytes of 16 rows of the file, rearranged. Its products are q8_0_lanes_tile's, bit for bit.
 // backend::cpu rearranges Q8_0 matrices so at load (matmul.hpp: x16_block); bench_repack measured
-// it (two threads streaming: 1 token as fast as the row tiles, 8 tokens 1.65x the transposing
-// form; README "A repacked Q8_0 (and Q4_K) layout").
+// it (two threads streaming: 1 token as fast as the row tiles, 8 tokens well ahead of the
+// transposing form; docs/performance.md, "A repacked Q8_0 (and Q4_K) layout, probed").
 inline constexpr std::size_t q8_0_x16_block_bytes = 16 * sizeof(quant::block_q8_0);
 // Rows w, w + ws, …, w + 15·ws of nb blocks into out (nb · q8_0_x16_block_bytes bytes).
 inline void repack_q8_0_x16(const std::byte* w, std::size_t ws, std::int64_t nb, std::byte* out) {
@@ -284,11 +284,8 @@ void q8_0_x16_tile(const std::byte* g, Acts a, std::int64_t nb, float* y, std::i
 // super-block in order — the twin q6_k_blockwise_ref, not the row tiles' lane order — so, as
 // the Q8_0 form, it runs only where a batch need not be row-exact. pf (streaming, or null): the
 // next 16 rows (16·ws contiguous bytes), a super-block's share prefetched per super-block.
-// Measured on a 2-core Zen 5 VM against the row tiles (79ee210), one thread, two alternating
-// runs of bench_kernels: gemm fast 155–174 vs 140–144 GMAC/s (prefill: +15–20%); batch8 fast
-// 121–126 vs 117–124 (the streaming small batch: both at the ~120 that Q8_0's form also reaches
-// there, so no gain). clover bench on the 8-layer Q4_K_M file, 2 threads, seven alternating
-// rounds: pp512 median 295 vs 288 t/s, tg64x8 135 vs 131 — both within that day's noise.
+// Against the row tiles it gains in prefill (bench_kernels gemm fast), not in the streaming small
+// batch, where every fast form meets the same memory cap (the figures: docs/performance.md).
 // Super-block b of the 16 rows w, w + ws, …: u[r] the row's 256 codes (0..63) as bytes, s16[r]
 // its 16 scales.
 inline void q6_k_unpack16(const std::byte* w, std::size_t ws, std::int64_t b, std::uint8_t (&u)[16][256], std::int16_t (&s16)[16][16]) {
@@ -383,9 +380,8 @@ void q6_k_lanes_rows(const std::byte* w, std::size_t ws, const std::byte* a, std
 // vpdpwssd per sub-block and token against the 16-sum pairs. Per super-block, in this order
 // (the twin q4_k_blockwise_ref): acc = fma(−msum, dmin_w·d_a, acc), acc = fma(isum, d_w·d_a,
 // acc). pf: as q6_k_lanes_rows.
-// Measured (2-core Zen 5 VM, one thread, bench_kernels alternating with the row tiles of
-// 79ee210, four runs): gemm fast 136–189 vs 113–129 GMAC/s (prefill: +20–50 %); batch8 fast
-// 112–117 vs 97–118 (the streaming small batch: at the same ~120 cap as the other fast forms).
+// As Q6_K's form: faster than the row tiles in prefill, at the same memory cap as the other fast
+// forms in the streaming small batch (bench_kernels; docs/performance.md).
 // Where q4_k_lanes_body reads a super-block of 16 rows: the file's rows (4 gathers and 4
 // transposes per super-block) or a group repacked once (repack_q4_k_x16: plain loads).
 struct q4_k_rows_source {
@@ -415,10 +411,9 @@ inline constexpr std::size_t q4_k_x16_block_bytes = 16 * sizeof(quant::block_q4_
 inline constexpr std::size_t q4_k_x16_pf_ahead = 2 * q4_k_x16_block_bytes;  // the stream prefetch's distance
 struct q4_k_x16_source {
     // pf: the stream itself, q4_k_x16_pf_ahead on, spread over the 4 chunks of each super-block —
-    // what rescued Q6_K's repacked form (kernels_avx512_x16.hpp). Against the whole group two on,
-    // prefetched at each super-block's start: bench_repack --type q4_k -t 2, two runs, 1 token
-    // 1.20–1.51x the row tiles (0.99x before), 8 tokens 1.56–1.59x (1.41–1.47x); end to end on
-    // the 8-layer Q4_K_M file tg64x8 1.10–1.17x, tg64x1 1.05–1.19x (alternating rounds, 2026-12-07).
+    // what rescued Q6_K's repacked form (kernels_avx512_x16.hpp). It beats prefetching the whole
+    // group two on in one burst at each super-block's start, at 1 and at 8 tokens and end to end
+    // (bench_repack --type q4_k -t 2, clover bench; docs/performance.md).
     static constexpr bool stream = true;
     const std::byte* g;
     void scales(std::int64_t b, __m512i& dd, __m512i& w0, __m512i& w1, __m512i& w2) const {
@@ -495,9 +490,8 @@ inline void q4_k_lanes_body(const Source& src, const std::byte* a, std::size_t a
             }
             const __m512i s0 = byte_of(p < 2 ? sc_lo : sc_hi, (2 * p) & 3), s1 = byte_of(p < 2 ? sc_lo : sc_hi, (2 * p + 1) & 3);
             // Unrolled, the tokens' sums stay in registers: g++ 12 kept the loop at 8 tokens and
-            // isum[c] in memory (load, add, store per token and chunk), and the 8-token tile ran
-            // 152–219 GMAC/s on 288 KB in L2 (one thread) against 246–259 unrolled; bench_repack
-            // --type q4_k -t 2 streaming, 8 tokens: 1.85–1.90x the row tiles (1.56–1.59x).
+            // isum[c] in memory (load, add, store per token and chunk), which slowed the 8-token
+            // tile in L2 and streaming alike (docs/performance.md).
 #pragma GCC unroll 8
             for (int c = 0; c < C; ++c) {
                 const std::int8_t* qa = ab[c]->qs + 64 * p;
@@ -558,8 +552,7 @@ inline void k4_scales(const std::uint8_t* b, std::uint64_t& sc, std::uint64_t& m
 // k4_scale_bytes keeps the 8 scales as words in every 128-bit lane (one register per row);
 // k4_scale_pair picks pair p with one byte shuffle when it is needed. Building all four
 // vectors up front needs 4 registers per row: with 4 rows that spilled and ran the one-row
-// (decode) product at a third of the memory bandwidth (measured: Q6_K 6 GB/s before, see
-// bench_kernels).
+// (decode) product at a third of the memory bandwidth (bench_kernels; docs/performance.md).
 inline __m512i k4_scale_bytes(std::uint64_t sc) {
     return _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(std::int64_t(sc))));
 }

@@ -26,11 +26,11 @@ namespace clover::backend::cpu_detail::k512 {
 // Its sums are q6_k_lanes_rows' and the twin q6_k_blockwise_ref's, bit for bit (the super-block's
 // int32 is exact in any order; acc = fma(float(isum), d_w·d_a, acc) per super-block in order), at
 // every token count, so it is row-exact and serves every product of a rearranged matrix.
-// The prefetch is what made it pay: a first form of this layout (2026-12-06) prefetched a whole
-// group ahead, as the others do, and streamed at 0.64x the row tiles at one token and 0.71–0.85x
-// the transposing form at eight; prefetching the one stream 2 super-blocks (6.7 KB) ahead, spread
-// over the 8 chunks, reads 1.10x the row tiles at one token and 1.27x the transposing form at
-// eight (bench_repack --type q6_k -t 2; README "A repacked Q6_K layout").
+// The prefetch is what made it pay: a first form of this layout prefetched a whole group ahead,
+// as the others do, and streamed slower than the row tiles at one token and than the transposing
+// form at eight; prefetching the one stream 2 super-blocks (6.7 KB) ahead, spread over the 8
+// chunks, beats both (bench_repack --type q6_k -t 2; the figures: docs/performance.md,
+// "Measurements behind code choices").
 inline constexpr std::size_t q6_k_x16_block_bytes = 16 * sizeof(quant::block_q6_k);
 inline constexpr std::size_t q6_k_x16_scales = 32, q6_k_x16_lo = 288, q6_k_x16_hi = 2336;
 inline constexpr std::size_t q6_k_x16_pf_ahead = 2 * q6_k_x16_block_bytes;  // the stream prefetch's distance

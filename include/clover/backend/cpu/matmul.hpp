@@ -7,13 +7,11 @@
 //
 // Tiles: products with one activation row (decode) read the weights from DRAM, so what matters
 // is what the hardware prefetcher can follow: two rows far apart (r and r + half of the chunk),
-// each a purely sequential stream. Measured (one Zen4 thread, 600 MB matrix, CPU time): one
-// stream R = 1 reads 27–28 GB/s for Q4_K/Q6_K/Q8_0, two distant streams 32–35 GB/s, while two
-// or four ADJACENT rows per tile (interleaved 1.7 KB apart) fell to 4–14 GB/s. Software prefetch
-// of the next rows did not help (22–30 GB/s). On a Zen 3 VM (2026-12-03) prefetching the row
-// pair 4 rows ahead in the decode loop lifted bench_kernels' gemv (Q4_K 7.3 -> 10.7 GB/s, Q6_K
-// 5.1 -> 11.3) but cost `clover bench` tg128 on Q4_K_M 10 % (20.0 vs 22.1 t/s at 2 threads,
-// 11.8 vs 13.1 at 1; four alternating rounds), so it is not used. Prefill uses R = 2 × C = 4 (each unpacked
+// each a purely sequential stream. Two distant streams read faster than one, while two or four
+// ADJACENT rows per tile (interleaved 1.7 KB apart) read several times slower; software prefetch
+// of the next rows did not help, and prefetching the row pair 4 rows ahead in the decode loop
+// sped up bench_kernels' gemv but slowed `clover bench` tg128, so it is not used (the figures:
+// docs/performance.md, "Measurements behind code choices"). Prefill uses R = 2 × C = 4 (each unpacked
 // weight super-block serves 4 tokens; 24 of the 32 vector registers hold accumulators and
 // operands), where the weight chunk is reused from L2.
 #include <algorithm>
@@ -125,7 +123,7 @@ struct kernel_set {
     // R = 2 × C = 5..8 for the small-batch path (5–8 sequences decoding together): each weight
     // row pair is unpacked and read once for all the tokens. Null where it does not pay (the
     // K-quant tiles keep an int32 sum besides the float one per (row, token), and 2 × 8 of them
-    // spill: 8 streaming tokens, one thread, Q4_K 108 -> 82 GMAC/s, Q6_K 96 -> 71, 2-core Zen 5).
+    // spill, which slowed 8 streaming tokens down; docs/performance.md).
     tile_fn wide[4] = {};
     // R = 2 × C = 1..8 (C > 4 where `wide`) with the next row pair's prefetch spread over the
     // super-block loop; null where the build has none (the driver then prefetches in one burst).
@@ -287,15 +285,12 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
 #endif
                 break;
 #if CLOVER_CPU_AVX512
-            // R = 4 for Q8_0: its tile keeps only float accumulators, and 4 rows × 4 tokens
-            // measured 119 vs 102 GMAC/s for 2 × 4 (in L2, one thread); the K-quant tiles spill
-            // at 4 × 4 (Q4_K 9.2 vs 7.8 ns per super-block and row), so they stay at 2 × 4.
-            // Q8_0's 2 × 8 tile holds 16 float accumulators: 8 tokens streaming 512 MiB of
-            // weights (bench_kernels' batch8 method, one thread, 2-core Zen 5 VM) read 47–50
-            // GMAC/s with two 2 × 4 calls per row pair and 57–67 with one 2 × 8 call; `clover
-            // bench` tg64x8 on the 8-layer Q8_0 file gained a median 1.08x (3 alternating rounds).
-            // The stream tiles, same method: Q8_0 60–65 -> 74, Q6_K 96–98 -> 110, Q4_K 103–104 ->
-            // 111 GMAC/s over the burst before each pair; tg64x8 1.07x on Q4_K_M, 1.04x on Q8_0.
+            // R = 4 for Q8_0: its tile keeps only float accumulators, and 4 rows × 4 tokens beat
+            // 2 × 4 in L2; the K-quant tiles spill at 4 × 4 (slower per super-block and row), so
+            // they stay at 2 × 4. Q8_0's 2 × 8 tile holds 16 float accumulators: one 2 × 8 call per
+            // row pair beats two 2 × 4 calls for 8 streaming tokens, and the stream tiles beat the
+            // burst before each pair (bench_kernels' batch8 method, clover bench tg64x8; the
+            // figures: docs/performance.md, "Measurements behind code choices").
             case dtype::q8_0:
                 fill_tiles<q8_0_512>(ks); fill_wide_tiles<q8_0_512>(ks); fill_stream_tiles<q8_0_512_pf>(ks);
                 ks.act = P::q8_0_pair; ks.gemm_r = 4;
@@ -303,9 +298,8 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
                 fill8(ks.lanes16, []<int C> { return k512::q8_0_lanes_packed<C>; });
                 fill8(ks.lanes16_rows, []<int C> { return k512::q8_0_lanes_rows<C>; });
                 ks.lanes_from = 6;
-                // bench_repack, two threads streaming: with the prefetch 39.1 / 70.1 / 113.5 GMAC/s at
-                // 1 / 2 / 3 tokens, without it 40.5 / 76.2 / 109.5; and tg128 on the 8-layer Q8_0
-                // file ran 0.94x the file's layout with it at one token (2026-12-06, two rounds).
+                // The group prefetch pays from 3 tokens; at 1 and 2 it cost time (bench_repack, and
+                // tg128 on the 8-layer Q8_0 file; docs/performance.md).
                 ks.x16_pf_from = 3;
                 ks.repack = k512::repack_q8_0_group;
                 fill8(ks.x16_rows, []<int C> { return k512::q8_0_x16_rows<C>; });
@@ -316,9 +310,9 @@ inline const kernel_set& kernels_for(dtype t, bool reference = false) {
                 fill_tiles<q4_k_512>(ks); fill_stream_tiles<q4_k_512_pf>(ks); ks.act = P::q8_k_ext;
 #if CLOVER_CPU_AVX512_VNNI
                 fill8(ks.lanes16_rows, []<int C> { return k512::q4_k_lanes_rows<C>; });
-                // Q8_0's break-even. For Q4_K and Q6_K, end to end on the 8-layer Q4_K_M file (three
-                // alternating rounds, 2026-12-06): forms from 6 vs row tiles even within noise at
-                // 6 and 7 tokens, +2 % at 8; from 4 tokens they lost (85 vs 103–110 t/s at N = 4).
+                // Q8_0's break-even. For Q4_K and Q6_K, end to end on the 8-layer Q4_K_M file: the
+                // forms from 6 tokens were even with the row tiles at 6 and 7 tokens and a little
+                // ahead at 8; from 4 tokens they lost (docs/performance.md).
                 ks.lanes_from = 6;
                 ks.repack = k512::repack_q4_k_group;
                 fill8(ks.x16_rows, []<int C> { return k512::q4_k_x16_tile<C>; });
@@ -445,24 +439,20 @@ struct act_view {
 // so they keep the decode access pattern: two distant sequential streams, rows r0 + i and
 // r0 + half + i, the 2-row tile given the distance as its row stride; each row pair serves every
 // token (groups of C) while it is in L1. The prefill tiling (adjacent row pairs, 32-row chunks)
-// made 2 sequences decode at 0.83x the aggregate of one (8-layer Q4_K_M, 2 threads, 2026-12-04:
-// tg32x1 49.8 t/s, x2 41.4). Exactness holds: a tile's (row, token) result does not depend on
-// R, C or the row stride.
+// made 2 sequences decode slower in aggregate than one alone (docs/performance.md). Exactness
+// holds: a tile's (row, token) result does not depend on R, C or the row stride.
 inline constexpr std::int64_t small_batch_tokens = 8;
 // From 8 rows on, the weights of the next row pair are prefetched into L1 while this pair
 // computes. At 8 rows a pair costs ~8x the multiply-adds of a decode row per byte, and the
-// hardware prefetcher no longer keeps the streams ahead: bench_kernels' batch8 (one Zen 4
-// thread, streaming 512 MiB) read Q4_K 98 -> 113 GMAC/s, Q6_K 91 -> 110, Q8_0 50 -> 56, and
-// `clover bench --parallel 8 -n 64` (8-layer Q4_K_M, 2 threads, five alternating rounds) gained
-// a median 1.08x (0.98–1.11x; the Q8_0 file 1.04x, three rounds). With 2 or 4 rows it lost
-// 6–17 % (as at one row: the tile is memory-bound and the prefetches only compete with the
-// hardware's), hence the threshold. Where the build has stream tiles (AVX-512, quantized
-// weights) the prefetches are spread over the first tile call's super-block loop instead of
-// issued in one burst before it (perf had two thirds of the driver loop's samples on that
-// burst's prefetch instruction, tg64x8, 8-layer Q8_0), and from 2 tokens on: `clover bench`
-// tg64xN, 2 threads, 3 alternating rounds, stream tiles from 2 tokens vs from 8: N = 2 Q8_0
-// 1.22x, Q4_K_M 1.05x; N = 4 1.25x / 1.06x; N = 8 0.98x / 1.05x (2-core Zen 5 VM). The threshold
-// below is for the burst.
+// hardware prefetcher no longer keeps the streams ahead: the prefetch speeds up bench_kernels'
+// batch8 and `clover bench --parallel 8`. With 2 or 4 rows it lost (as at one row: the tile is
+// memory-bound and the prefetches only compete with the hardware's), hence the threshold (the
+// figures: docs/performance.md, "Measurements behind code choices"). Where the build has stream
+// tiles (AVX-512, quantized weights) the prefetches are spread over the first tile call's
+// super-block loop instead of issued in one burst before it (perf had two thirds of the driver
+// loop's samples on that burst's prefetch instruction, tg64x8, 8-layer Q8_0), and from 2 tokens
+// on, where they paid at 2 and 4 sequences and were even at 8 (clover bench tg64xN;
+// docs/performance.md). The threshold below is for the burst.
 inline constexpr std::int64_t small_batch_prefetch_from = 8;
 
 inline void small_batch_block(const kernel_set& ks, const weight& w, std::int64_t r0, std::int64_t r1, const act_view& a,
@@ -573,8 +563,8 @@ inline std::int64_t lanes_block(const kernel_set& ks, const weight& w, std::int6
 
 // Rows [r0, r1) of a rearranged matrix (weight_layout::rows16; r0 on a group): its full groups
 // with the repacked forms, each group prefetching the one two groups on (bench_repack measured
-// two ahead best: Q4_K 8 tokens 271 vs 174 GMAC/s without, 1 token 67 vs 54; Q8_0 from 3 tokens:
-// kernel_set::x16_pf_from) or, for Q6_K and Q4_K, its own stream 2 super-blocks ahead
+// two ahead best; docs/performance.md; Q8_0 from 3 tokens: kernel_set::x16_pf_from) or, for
+// Q6_K and Q4_K, its own stream 2 super-blocks ahead
 // (kernel_set::x16_pf_ahead).
 // Small batches (decode) read Q8_0 tokens packed per block, as lanes_small_batch does; prefill
 // chunks the prepared rows. Returns the first row it left to the row tiles (the rows past the
