@@ -10,8 +10,10 @@
 #
 #   benchmarks/bench_cpu_vs_llama.sh [MODEL.gguf ...]
 #
-# Without models it synthesizes the two of the README (real Clover-35B-A3B dimensions, 8
-# layers, Q8_0 and Q4_K_M) into $MODELS_DIR once. Environment (defaults):
+# Without models it synthesizes the two of the README (real Clover-35B-A3B dimensions, $LAYERS
+# layers, $TYPES) into $MODELS_DIR once. Environment (defaults):
+#   LAYERS=8  TYPES="q8_0 q4_k_m"  (benchmarks/bench_full_size.sh: LAYERS=40, the real model)
+#   LLAMA_WARM=0   1: read the file into the page cache before each llama.cpp run (untimed)
 #   BUILD=build  THREADS="1 2"  ROUNDS=3  P=512  N=128  OUT=bench-out  MODELS_DIR=bench-models
 #   LLAMA_POLL=0   llama.cpp's threadpool polling level. Its default (50) spin-waits, and on this
 #                  shared 2-core machine that made -t 2 several times slower than -t 1 (measured:
@@ -40,6 +42,9 @@ PARALLEL=${PARALLEL-"1 2 4 8"}
 PAR_P=${PAR_P:-32}
 PAR_N=${PAR_N:-64}
 BASE_CLOVER=${BASE_CLOVER:-}
+LAYERS=${LAYERS:-8}
+LLAMA_WARM=${LLAMA_WARM:-0}
+TYPES=${TYPES:-"q8_0 q4_k_m"}
 clover=$BUILD/clover
 peer=$BUILD/llama_bench_peer
 membw=$BUILD/membw
@@ -51,11 +56,11 @@ mkdir -p "$OUT"
 models=("$@")
 if [ ${#models[@]} -eq 0 ]; then
     mkdir -p "$MODELS_DIR"
-    for ty in q8_0 q4_k_m; do
-        f=$MODELS_DIR/clover-35b-a3b-L8-$ty.gguf
+    for ty in $TYPES; do
+        f=$MODELS_DIR/clover-35b-a3b-L$LAYERS-$ty.gguf
         if [ ! -f "$f" ]; then
             echo "bench: synthesizing $f" >&2
-            "$clover" gguf synth --arch qwen35moe --preset clover-35b-a3b --layers 8 --type $ty -o "$f" >&2
+            "$clover" gguf synth --arch qwen35moe --preset clover-35b-a3b --layers "$LAYERS" --type $ty -o "$f" >&2
         fi
         models+=("$f")
     done
@@ -69,6 +74,10 @@ for m in "${models[@]}"; do
     for t in $THREADS; do
         for r in $(seq 1 "$ROUNDS"); do
             run_llama() {
+                # llama.cpp maps the file: with LLAMA_WARM=1 its pages are read into the page
+                # cache first (untimed), so its timed runs never wait on the disk — clover's copy
+                # of a file that nearly fills memory drops the file's cache behind it.
+                [ "$LLAMA_WARM" = 1 ] && cat "$m" > /dev/null
                 "$peer" -m "$m" -p "$P" -n "$N" -t "$t" -r 1 --poll "$LLAMA_POLL" --json $LLAMA_ARGS |
                     sed "s|^{|{\"file\":\"$m\",\"round\":$r,|" >> "$res"
             }
@@ -84,6 +93,7 @@ for m in "${models[@]}"; do
             if [ $((r % 2)) -eq 1 ]; then run_llama; run_clover; run_base; else run_base; run_clover; run_llama; fi
             for np in $PARALLEL; do
                 run_llama_par() {
+                    [ "$LLAMA_WARM" = 1 ] && cat "$m" > /dev/null
                     "$peer" -m "$m" -p 0 -n "$PAR_N" -t "$t" -r 1 --poll "$LLAMA_POLL" --parallel "$np" --parallel-prompt "$PAR_P" --json $LLAMA_ARGS |
                         sed "s|^{|{\"file\":\"$m\",\"round\":$r,|" >> "$res"
                 }
@@ -186,4 +196,22 @@ if par:
         print(f"| {os.path.basename(f).replace('.gguf', '')} | {t} | {test.split('x')[1]} | {statistics.median(l):.2f} | "
               f"{statistics.median(c):.2f} | {statistics.median(c) / statistics.median(l):.2f}x | "
               f"{statistics.median(pairs):.2f}x | {scale} |")
+
+# Load time, resident memory and page faults in the timed runs (medians over the rounds; clover
+# reports faults and RSS, llama_bench_peer its load seconds). A steady decode of weights that fit
+# in memory takes no faults (issue 41).
+loads = [r for r in runs if "load_s" in r]
+if loads:
+    print()
+    print("| model | engine | test | load s | resident MiB | page faults in the timed runs (minor / major) "
+          "| in a steady decode (second half of tg) |")
+    print("|---|---|---|---|---|---|---|")
+    for (f, test, eng) in sorted({(r["file"], r["test"], r["engine"]) for r in loads}):
+        sel = [r for r in loads if (r["file"], r["test"], r["engine"]) == (f, test, eng)]
+        med = lambda k: statistics.median([r[k] for r in sel]) if all(k in r for r in sel) else None
+        ld, rss, fmin, fmaj = med("load_s"), med("rss_mib"), med("faults_minor"), med("faults_major")
+        smin, smaj = med("steady_faults_minor"), med("steady_faults_major")
+        print(f"| {os.path.basename(f).replace('.gguf', '')} | {eng} | {test} | {ld:.2f} | "
+              f"{'' if rss is None else f'{rss:.0f}'} | {'' if fmin is None else f'{fmin:.0f} / {fmaj:.0f}'} | "
+              f"{'' if smin is None else f'{smin:.0f} / {smaj:.0f}'} |")
 EOF

@@ -11,9 +11,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <clover/core/rng.hpp>
@@ -120,6 +123,32 @@ void trace_passes(const std::string& path, int threads, const device_choice& dc,
     one_pass("verify", pass_kind::verify, 8);
 }
 
+// This process's page faults so far (getrusage): minor ones map a page that is in memory,
+// major ones read it from disk.
+struct fault_counts {
+    long long minor = 0, major = 0;
+    fault_counts operator-(const fault_counts& o) const { return {minor - o.minor, major - o.major}; }
+    fault_counts operator+(const fault_counts& o) const { return {minor + o.minor, major + o.major}; }
+};
+inline fault_counts read_fault_counts() {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return {u.ru_minflt, u.ru_majflt};
+}
+// Resident memory (VmRSS of /proc/self/status) in MiB; 0 where unreadable.
+inline double resident_mib() {
+    std::ifstream st("/proc/self/status");
+    for (std::string key; st >> key;) {
+        if (key == "VmRSS:") {
+            double kb = 0;
+            st >> kb;
+            return kb / 1024.0;
+        }
+        st.ignore(1 << 12, '\n');
+    }
+    return 0;
+}
+
 // The options of `clover bench` (add_bench_commands).
 struct options {
     std::string model, decoder = "ar", kv = "f16";
@@ -212,13 +241,21 @@ void run_tests(const options& o, const device_choice& dc) {
         const std::int64_t gen_passes = std::max<std::int64_t>(1, st.passes() - 1);
         return {st.seconds > 0 ? double(st.tokens) / st.seconds : 0.0, st.tokens_per_pass(), 1e3 * st.seconds / double(gen_passes)};
     };
+    // Page faults in the second half of each plain tg run: a steady decode, after the session's
+    // state and KV pages were first touched (those faults are the session's, not the weights').
+    fault_counts steady_faults{};
     auto run_tg = [&](std::int64_t n) -> sample {
         if (par) return run_tg_parallel(n);
         if (with_decoder) return run_tg_decoder(n);
         auto s = m->new_session({.ctx = ctx, .kv_f16 = kv16});
         auto ids = random_ids(n);
         const double a = now_s();
-        for (std::int64_t i = 0; i < n; ++i) m->commit(s, std::span<const token>(&ids[i], 1), logits_rows::last, logits);
+        fault_counts half{};
+        for (std::int64_t i = 0; i < n; ++i) {
+            if (i == n / 2) half = read_fault_counts();
+            m->commit(s, std::span<const token>(&ids[i], 1), logits_rows::last, logits);
+        }
+        steady_faults = steady_faults + (read_fault_counts() - half);
         return {double(n) / (now_s() - a), 1.0};
     };
     // The preview test's session: its prefix committed once (a preview pass leaves it as it is).
@@ -276,6 +313,10 @@ void run_tests(const options& o, const device_choice& dc) {
         if (k == kind::tg) run_tg(with_decoder ? std::min<std::int64_t>(t.n_gen, 2 * o.block) : 1);  // warmup
         else once();
         double tpp = 0, ms_per_pass = 0;
+        // Page faults during the timed runs: a steady decode of weights that fit in memory should
+        // take none (issue 41: 7 % of a 40-layer decode was spent in faults inside the products).
+        const fault_counts faults0 = read_fault_counts();
+        steady_faults = {};
         for (long long i = 0; i < o.reps; ++i) {
             const sample x = once();
             t.ts.push_back(x.ts);
@@ -284,6 +325,7 @@ void run_tests(const options& o, const device_choice& dc) {
             const double rows_per_pass = k == kind::tg && par ? double(N) : x.per_pass;
             ms_per_pass += (x.ms > 0 ? x.ms : x.ts > 0 ? 1e3 * rows_per_pass / x.ts : 0.0) / double(o.reps);
         }
+        const fault_counts faults = read_fault_counts() - faults0;
         if (o.json) {
             std::string samples;
             for (std::size_t i = 0; i < t.ts.size(); ++i) {
@@ -299,6 +341,10 @@ void run_tests(const options& o, const device_choice& dc) {
                         desc.c_str(), double(bytes) / (1024.0 * 1024 * 1024), double(params) / 1e9, B::name, isa.c_str(), threads,
                         o.kv.c_str(), pv ? "preview" : k == kind::pp || par ? "ar" : o.decoder.c_str(), t.test.c_str(), (long long)t.n_prompt, (long long)t.n_gen,
                         t.avg(), t.sd(), samples.c_str(), tpp, ms_per_pass, load_s, f.map().in_huge_pages() ? "true" : "false", gen_bytes, t.n_gen > 0 ? (long long)N : 1LL);
+            std::printf(",\"faults_minor\":%lld,\"faults_major\":%lld,\"rss_mib\":%.1f", faults.minor, faults.major,
+                        resident_mib());
+            if (k == kind::tg && !par && !with_decoder)
+                std::printf(",\"steady_faults_minor\":%lld,\"steady_faults_major\":%lld", steady_faults.minor, steady_faults.major);
             if (pv || (k == kind::tg && with_decoder))
                 std::printf(",\"block\":%lld,\"coreset\":%lld%s", pv ? o.preview : o.block, (long long)coreset_used,
                             pv ? "" : (",\"threshold\":" + std::to_string(o.threshold)).c_str());
@@ -308,6 +354,15 @@ void run_tests(const options& o, const device_choice& dc) {
                         double(bytes) / (1024.0 * 1024 * 1024), double(params) / 1e9, (std::string(B::name) + " " + isa).c_str(),
                         threads, t.test.c_str(), t.avg(), t.sd());
             char b[160];
+            std::snprintf(b, sizeof b, "%s: %lld minor and %lld major page faults in the timed runs", t.test.c_str(), faults.minor,
+                          faults.major);
+            notes += b;
+            if (k == kind::tg && !par && !with_decoder) {
+                std::snprintf(b, sizeof b, "; %lld minor and %lld major in their second halves (a steady decode)", steady_faults.minor,
+                              steady_faults.major);
+                notes += b;
+            }
+            notes += "\n";
             if (k == kind::pv || (k == kind::tg && with_decoder)) {
                 std::snprintf(b, sizeof b, "%s: %.2f tokens per pass, %.2f ms per pass\n", t.test.c_str(), tpp, ms_per_pass);
                 notes += b;
@@ -317,7 +372,8 @@ void run_tests(const options& o, const device_choice& dc) {
     }
     if (!o.json && !notes.empty()) std::printf("\n%s", notes.c_str());
     if (!o.json)
-        std::printf("\nload: %.3f s (%s); a generated token reads %.1f MB of weights\n", load_s, placement.c_str(), gen_bytes / 1e6);
+        std::printf("\nload: %.3f s (%s); a generated token reads %.1f MB of weights; resident %.0f MiB\n", load_s, placement.c_str(),
+                    gen_bytes / 1e6, resident_mib());
 }
 
 }  // namespace bench_detail

@@ -79,12 +79,21 @@ public:
         std::lock_guard lk(load_mutex());
         if (in_huge_pages_) return "";
         if (!data_) return "nothing is mapped";
-        if (std::string why = huge_page_plan(size_, read_memory_outlook()); !why.empty()) return why;
-        if (std::string why = copy_map_to_huge_pages(data_, size_, fd_); !why.empty()) return why;
+        const memory_outlook mem = read_memory_outlook();
+        if (std::string why = huge_page_plan(size_, mem); !why.empty()) return why;
+        if (std::string why = copy_map_to_huge_pages(data_, size_, fd_, huge_copy_drops_cache(size_, mem)); !why.empty()) return why;
         in_huge_pages_ = true;
         return "";
     }
     bool in_huge_pages() const { return in_huge_pages_; }
+
+    // "" when the mapped bytes are resident for good (the private copy) or fit in the memory
+    // available beside huge_page_reserve; else how much of them the page cache cannot hold, which
+    // demand paging reads from disk again on every pass.
+    std::string memory_shortfall() const {
+        if (in_huge_pages_ || !data_) return "";
+        return residency_shortfall(size_, read_memory_outlook());
+    }
 
     // Lets the first model of this map rewrite its bytes in place (a backend's own weight
     // layout: weight_memory::rewrite_once), and tells every later one what it did. The first

@@ -86,9 +86,10 @@ public:
         : hp_(read_hparams(*file, warn)), weights_(bind_weights(file, hp_)), be_(opt) {
         check_fits<V>(hp_, file->path());
         if constexpr (!V::diffusion) weights_.missing_diffusion.clear();  // causal-only variants never ask
-        weight_memory wm{file->map().bytes(), {}, weights_.products(), {}};
+        weight_memory wm{file->map().bytes(), {}, {}, weights_.products(), {}};
         if (!wm.bytes.empty()) {
             wm.to_huge_pages = [f = file.get()] { return f->map().move_to_huge_pages(); };
+            wm.shortfall = [f = file.get()] { return f->map().memory_shortfall(); };
             wm.rewrite_once = [f = file.get()](const weight_memory::rearrange_fn& fn) { return f->map().rewrite_once(fn); };
         }
         be_.map_weights(wm);

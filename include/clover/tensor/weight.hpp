@@ -62,6 +62,9 @@ struct weight_memory {
     // weight stays valid): "" when done, else why not, and nothing changed. Empty when the bytes
     // are not a file map (a virtual file built in memory).
     std::function<std::string()> to_huge_pages;
+    // "" when `bytes` fit in the memory available (beside a reserve), else one sentence saying
+    // how much of them demand paging will read from disk again. Empty for a virtual file.
+    std::function<std::string()> shortfall;
     // Matrices that only products read (no row lookups such as the token embedding's; sliced
     // only at multiples of 16 rows), which a backend may rearrange for its kernels: it then
     // sets their `layout`. The pointers stay the model's.

@@ -120,8 +120,8 @@ public:
     // the first-touch faults out of the passes: without it every token of a decode run touched
     // new expert pages and spent ~15% of its time in the kernel's fault path (measured with
     // perf on the 8-layer Q4_K_M file). llama.cpp does the same with MAP_POPULATE. Skipped for
-    // files larger than 3/4 of physical memory (they only fit through demand paging) and when
-    // options.prefault is false or CLOVER_NO_PREFAULT is set.
+    // files that do not fit in the memory available (they only fit through demand paging) and
+    // when options.prefault is false or CLOVER_NO_PREFAULT is set.
     void map_weights(const weight_memory& m) {
         if (opt_.huge_pages && m.to_huge_pages) {
             std::string why = m.to_huge_pages();
@@ -136,10 +136,12 @@ public:
         }
         rearrange_products(m);  // rearranges nothing now, but marks what an earlier model of the file did
         const std::span<const std::byte> file = m.bytes;
-        if (!opt_.prefault || file.empty() || std::getenv("CLOVER_NO_PREFAULT")) return;
+        // Memory honesty: weights that do not fit in memory are read again from disk as the
+        // page cache evicts them, every token; the load line says how much.
+        const std::string shortfall = m.shortfall ? m.shortfall() : std::string();
+        if (!shortfall.empty()) weights_placement_ += "; " + shortfall;
+        if (!opt_.prefault || file.empty() || std::getenv("CLOVER_NO_PREFAULT") || !shortfall.empty()) return;
         const long page = ::sysconf(_SC_PAGESIZE);
-        const double phys = double(::sysconf(_SC_PHYS_PAGES)) * double(page);
-        if (phys > 0 && double(file.size()) > 0.75 * phys) return;
         auto* start = reinterpret_cast<std::byte*>(std::uintptr_t(file.data()) / std::uintptr_t(page) * std::uintptr_t(page));
         const std::size_t len = std::size_t(file.data() + file.size() - start);
 #ifdef MADV_POPULATE_READ
