@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <list>
 #include <numeric>
 
 #include <clover/clover.hpp>
@@ -71,11 +72,15 @@ CUDA_TEST_CASE("activation conversion is bit-identical to the CPU's (F16, BF16, 
 CUDA_TEST_CASE("matmul equals the CPU backend for every weight format, odd row counts, and is row-exact") {
     backend::cuda be({.threads = 2});
     backend::cpu cpu({.threads = 2});
+    // The weights live as long as the backend: its device copies are keyed by the host address
+    // and row count, so a freed weight's address reused by the next format's (same N) would find
+    // the stale copy (the emulated device showed F16, BF16, Q8_0 and Q5_K reading F32's bytes).
+    std::list<host_weight> weights;
     for (auto [t, K] : {std::pair{dtype::f32, std::int64_t(77)}, {dtype::f16, 77}, {dtype::bf16, 77}, {dtype::q8_0, 160},
                         {dtype::q4_k, 768}, {dtype::q5_k, 512}, {dtype::q6_k, 768}}) {
         CAPTURE(dtype_name(t));
         const std::int64_t N = 37;
-        host_weight hw(t, N, K, 21 + std::uint64_t(t));
+        const host_weight& hw = weights.emplace_back(t, N, K, 21 + std::uint64_t(t));
         for (std::int64_t n : {1, 3, 5, 33}) {
             CAPTURE(n);
             auto x = testutil::random_vec(static_cast<std::size_t>(n * K), 31 + std::uint64_t(n));

@@ -6,6 +6,7 @@
 #include "cuda_test.hpp"
 
 #include <cstring>
+#include <list>
 #include <thread>
 
 #include <clover/clover.hpp>
@@ -116,10 +117,13 @@ CUDA_TEST_CASE("weights uploaded through a staging buffer smaller than the weigh
     backend::cuda chunked({.threads = 2, .staging_bytes = 4099});  // odd: chunks end mid-block
     backend::cuda whole({.threads = 2});
     backend::cpu cpu({.threads = 2});
+    // Alive as long as the backends: their device copies are keyed by host address and rows, and
+    // a freed weight's address reused by the next one would find the stale copy (test_kernels.cu).
+    std::list<host_matrix> weights;
     for (auto [t, K] : {std::pair{dtype::q4_k, std::int64_t(768)}, {dtype::f32, 301}, {dtype::q6_k, 512}}) {
         CAPTURE(dtype_name(t));
         const std::int64_t N = 37, n = 5;
-        host_matrix hw(t, N, K, 11 + std::uint64_t(t));
+        const host_matrix& hw = weights.emplace_back(t, N, K, 11 + std::uint64_t(t));
         REQUIRE(hw.bytes.size() > 3 * 4099);
         auto x = testutil::random_vec(std::size_t(n * K), 12);
         std::vector<float> ya(std::size_t(n * N)), yb(ya.size()), yc(ya.size());

@@ -81,8 +81,9 @@ static __global__ void __launch_bounds__(attn_warps * 32) attention_kernel(attn_
         m = mn;
     }
     // Merge the warps' partial softmaxes.
-    __shared__ float sm[attn_warps], sl[attn_warps];
-    __shared__ float sacc[attn_warps][attn_max_dims_per_lane * 32];
+    CLOVER_SHARED(float, sm, [attn_warps]);
+    CLOVER_SHARED(float, sl, [attn_warps]);
+    CLOVER_SHARED(float, sacc, [attn_warps][attn_max_dims_per_lane * 32]);
     if (lane == 0) {
         sm[warp] = m;
         sl[warp] = l;
@@ -111,10 +112,10 @@ inline void attention(const attn_args& a, std::int64_t n_rows, cudaStream_t s) {
         fail("cuda attention: ", a.H, " query heads do not group over ", a.Hkv, " KV heads");
     const unsigned grid = grid_x("attention_kernel", n_rows * a.H), threads = attn_warps * 32;
     using f16 = std::uint16_t;
-    if (!a.a_f16 && !a.b_f16) attention_kernel<float, float><<<grid, threads, 0, s>>>(a);
-    else if (a.a_f16 && !a.b_f16) attention_kernel<f16, float><<<grid, threads, 0, s>>>(a);
-    else if (!a.a_f16) attention_kernel<float, f16><<<grid, threads, 0, s>>>(a);
-    else attention_kernel<f16, f16><<<grid, threads, 0, s>>>(a);
+    if (!a.a_f16 && !a.b_f16) launch(attention_kernel<float, float>, "attention_kernel<float, float>", grid, threads, 0, s, a);
+    else if (a.a_f16 && !a.b_f16) launch(attention_kernel<f16, float>, "attention_kernel<f16, float>", grid, threads, 0, s, a);
+    else if (!a.a_f16) launch(attention_kernel<float, f16>, "attention_kernel<float, f16>", grid, threads, 0, s, a);
+    else launch(attention_kernel<f16, f16>, "attention_kernel<f16, f16>", grid, threads, 0, s, a);
     check_launch("attention_kernel");
 }
 

@@ -13,7 +13,7 @@
 // their MoE input to the host (one more synchronisation per such layer) and the result back.
 // Once a pass of a shape has run, later passes of that shape are captured into a CUDA graph and
 // launched as one (graph.cuh; options.graphs, off with n_cpu_moe).
-#if !defined(__CUDACC__)
+#if !defined(__CUDACC__) && !defined(CLOVER_CUDA_EMU)
 #error "clover/backend/cuda/cuda.hpp must be compiled by nvcc (a .cu file, CLOVER_CUDA=ON); use backend::cpu otherwise"
 #endif
 

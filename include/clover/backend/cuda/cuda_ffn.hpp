@@ -3,7 +3,7 @@
 // experts grouped by expert and the shared expert with its sigmoid gate, on the device
 // (moe.cuh, in the CPU's order of additions). Layers below options.n_cpu_moe run the whole
 // primitive on the host.
-#if !defined(__CUDACC__)
+#if !defined(__CUDACC__) && !defined(CLOVER_CUDA_EMU)
 #error "clover/backend/cuda/cuda_ffn.hpp is part of backend/cuda/cuda.hpp (nvcc only)"
 #endif
 

@@ -54,13 +54,13 @@ static __global__ void advance_ring_kernel(const float* ring, const float* m, fl
 inline void conv_silu(const float* ring, const float* m, const float* wc, const float* right, float* y, std::int64_t n,
                       std::int64_t C, int K, cudaStream_t s) {
     if (n * C <= 0) return;
-    conv_silu_kernel<<<blocks_for("conv_silu_kernel", n * C, 256), 256, 0, s>>>(ring, m, wc, right, y, n, C, K);
+    launch(conv_silu_kernel, "conv_silu_kernel", blocks_for("conv_silu_kernel", n * C, 256), 256, 0, s, ring, m, wc, right, y, n, C, K);
     check_launch("conv_silu");
 }
 inline void advance_ring(const float* ring, const float* m, float* out, std::int64_t n, std::int64_t C, int K,
                          cudaStream_t s) {
     if (K <= 1) return;
-    advance_ring_kernel<<<blocks_for("advance_ring_kernel", (K - 1) * C, 256), 256, 0, s>>>(ring, m, out, n, C, K);
+    launch(advance_ring_kernel, "advance_ring_kernel", blocks_for("advance_ring_kernel", (K - 1) * C, 256), 256, 0, s, ring, m, out, n, C, K);
     check_launch("advance_ring");
 }
 
@@ -68,8 +68,8 @@ inline void advance_ring(const float* ring, const float* m, float* out, std::int
 // q heads also times q_scale.
 static __global__ void __launch_bounds__(128) l2norm_qk_kernel(float* y, gdn_layout L, float eps, float q_scale) {
     using reduce = cub::BlockReduce<double, 128>;
-    __shared__ typename reduce::TempStorage tmp;
-    __shared__ float scale;
+    CLOVER_SHARED(typename reduce::TempStorage, tmp);
+    CLOVER_SHARED(float, scale);
     const std::int64_t t = blockIdx.x / (2 * L.Hk), hh = blockIdx.x % (2 * L.Hk);
     float* x = y + t * L.C + hh * L.dk;  // hh < Hk: q heads; then the k heads follow contiguously
     double ss = 0;
@@ -87,7 +87,7 @@ static __global__ void __launch_bounds__(128) l2norm_qk_kernel(float* y, gdn_lay
 
 inline void l2norm_qk(float* y, std::int64_t n, const gdn_layout& L, float eps, float q_scale, cudaStream_t s) {
     if (n <= 0) return;
-    l2norm_qk_kernel<<<grid_x("l2norm_qk_kernel", n * 2 * L.Hk), 128, 0, s>>>(y, L, eps, q_scale);
+    launch(l2norm_qk_kernel, "l2norm_qk_kernel", grid_x("l2norm_qk_kernel", n * 2 * L.Hk), 128, 0, s, y, L, eps, q_scale);
     check_launch("l2norm_qk");
 }
 
@@ -115,14 +115,14 @@ struct gdn_scan_args {
 // it is the CPU's formula bit for bit (math::rms_norm), run once per token by one thread.
 template <int MaxThreads = 256>
 static __global__ void __launch_bounds__(MaxThreads) gdn_scan_kernel(gdn_scan_args a, gdn_layout L) {
-    extern __shared__ float sh[];  // q[dk], k[dk]
+    CLOVER_DYNAMIC_SHARED(float, sh);  // q[dk], k[dk]
     using reduce = cub::BlockReduce<double, MaxThreads>;
-    __shared__ typename reduce::TempStorage tmp;
-    __shared__ float nscale;
+    CLOVER_SHARED(typename reduce::TempStorage, tmp);
+    CLOVER_SHARED(float, nscale);
     const std::int64_t h = blockIdx.x, kh = L.qk_of(h), dk = L.dk, dv = L.dv, inner = L.Hv * dv;
     float* S = a.S + h * dk * dv;
-    float* qs = sh;
-    float* ks = sh + dk;
+    smem_ptr<float> qs = sh;
+    smem_ptr<float> ks = sh + dk;
     for (std::int64_t t = 0; t < a.n; ++t) {
         const float* yr = a.y + t * L.C;
         for (std::int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
@@ -178,15 +178,15 @@ static __global__ void __launch_bounds__(MaxThreads) gdn_scan_kernel(gdn_scan_ar
 // decode token) it removes 4 of the 5 passes over the head's 64 KiB of state.
 template <int DK, int MaxThreads = 256>
 static __global__ void __launch_bounds__(MaxThreads) gdn_scan_reg_kernel(gdn_scan_args a, gdn_layout L) {
-    extern __shared__ float sh[];  // q[dk], k[dk]
+    CLOVER_DYNAMIC_SHARED(float, sh);  // q[dk], k[dk]
     using reduce = cub::BlockReduce<double, MaxThreads>;
-    __shared__ typename reduce::TempStorage tmp;
-    __shared__ float nscale;
+    CLOVER_SHARED(typename reduce::TempStorage, tmp);
+    CLOVER_SHARED(float, nscale);
     const std::int64_t h = blockIdx.x, kh = L.qk_of(h), dk = L.dk, dv = L.dv, inner = L.Hv * dv;
     const std::int64_t j = threadIdx.x;
     float* S = a.S + h * dk * dv;
-    float* qs = sh;
-    float* ks = sh + dk;
+    smem_ptr<float> qs = sh;
+    smem_ptr<float> ks = sh + dk;
     float col[DK];
 #pragma unroll
     for (int i = 0; i < DK; ++i) col[i] = (i < dk && j < dv) ? S[i * dv + j] : 0.f;
@@ -249,11 +249,11 @@ inline void gdn_scan(const gdn_scan_args& a, const gdn_layout& L, cudaStream_t s
     const std::size_t smem = std::size_t(2 * L.dk) * 4;
     const unsigned grid = grid_x("gdn_scan_kernel", L.Hv);
     if (!force_global && L.dv <= T && L.dk <= 128) {
-        if (L.dk <= 32) gdn_scan_reg_kernel<32, T><<<grid, T, smem, s>>>(a, L);
-        else if (L.dk <= 64) gdn_scan_reg_kernel<64, T><<<grid, T, smem, s>>>(a, L);
-        else gdn_scan_reg_kernel<128, T><<<grid, T, smem, s>>>(a, L);
+        if (L.dk <= 32) launch(gdn_scan_reg_kernel<32, T>, "gdn_scan_reg_kernel<32, T>", grid, T, smem, s, a, L);
+        else if (L.dk <= 64) launch(gdn_scan_reg_kernel<64, T>, "gdn_scan_reg_kernel<64, T>", grid, T, smem, s, a, L);
+        else launch(gdn_scan_reg_kernel<128, T>, "gdn_scan_reg_kernel<128, T>", grid, T, smem, s, a, L);
     } else {
-        gdn_scan_kernel<T><<<grid, T, smem, s>>>(a, L);
+        launch(gdn_scan_kernel<T>, "gdn_scan_kernel<T>", grid, T, smem, s, a, L);
     }
     check_launch("gdn_scan");
 }
@@ -262,8 +262,8 @@ inline void gdn_scan(const gdn_scan_args& a, const gdn_layout& L, cudaStream_t s
 // before its projection). One block per (row, head).
 static __global__ void __launch_bounds__(128) gated_norm_kernel(float* o, const float* z, const float* w, std::int64_t dv, float eps) {
     using reduce = cub::BlockReduce<double, 128>;
-    __shared__ typename reduce::TempStorage tmp;
-    __shared__ float scale;
+    CLOVER_SHARED(typename reduce::TempStorage, tmp);
+    CLOVER_SHARED(float, scale);
     float* oh = o + std::int64_t(blockIdx.x) * dv;
     const float* zh = z + std::int64_t(blockIdx.x) * dv;
     double ss = 0;
@@ -277,7 +277,7 @@ static __global__ void __launch_bounds__(128) gated_norm_kernel(float* o, const 
 inline void gated_norm(float* o, const float* z, const float* w, std::int64_t rows_heads, std::int64_t dv, float eps,
                        cudaStream_t s) {
     if (rows_heads <= 0) return;
-    gated_norm_kernel<<<grid_x("gated_norm_kernel", rows_heads), 128, 0, s>>>(o, z, w, dv, eps);
+    launch(gated_norm_kernel, "gated_norm_kernel", grid_x("gated_norm_kernel", rows_heads), 128, 0, s, o, z, w, dv, eps);
     check_launch("gated_norm");
 }
 
@@ -291,22 +291,22 @@ template <int Threads = 256>
 static __global__ void __launch_bounds__(Threads) gdn_chunked_kernel(float* S_all, const float* y, const float* beta_all,
                                                               const float* g_all, float* o_all, gdn_layout L,
                                                               std::int64_t n, int chunk) {
-    extern __shared__ float sh[];
+    CLOVER_DYNAMIC_SHARED(float, sh);
     const std::int64_t h = blockIdx.x, kh = L.qk_of(h), dk = L.dk, dv = L.dv, inner = L.Hv * dv, C = L.C;
     float* S = S_all + h * dk * dv;
     // 32-bit element indices (dk·dv and chunk·dk checked on the host): a 64-bit division is a
     // called subroutine on the GPU, whose saved registers ptxas reports as spills.
     const int dki = int(dk), dvi = int(dv);
     const int Lc = chunk;
-    float* q = sh;                       // [Lc, dk]
-    float* k = q + Lc * dk;              // [Lc, dk]
-    float* U = k + Lc * dk;              // [Lc, dv]  (becomes Δ)
-    float* W = U + Lc * dv;              // [Lc, dk]
-    float* A = W + Lc * dk;              // [Lc, Lc]
-    float* QK = A + Lc * Lc;             // [Lc, Lc]
-    float* gm = QK + Lc * Lc;            // [Lc] cumulative g
-    float* bt = gm + Lc;                 // [Lc] β
-    float* dec = bt + Lc;                // [Lc] e^{γ_L − γ_s}
+    smem_ptr<float> q = sh;                       // [Lc, dk]
+    smem_ptr<float> k = q + Lc * dk;              // [Lc, dk]
+    smem_ptr<float> U = k + Lc * dk;              // [Lc, dv]  (becomes Δ)
+    smem_ptr<float> W = U + Lc * dv;              // [Lc, dk]
+    smem_ptr<float> A = W + Lc * dk;              // [Lc, Lc]
+    smem_ptr<float> QK = A + Lc * Lc;             // [Lc, Lc]
+    smem_ptr<float> gm = QK + Lc * Lc;            // [Lc] cumulative g
+    smem_ptr<float> bt = gm + Lc;                 // [Lc] β
+    smem_ptr<float> dec = bt + Lc;                // [Lc] e^{γ_L − γ_s}
     for (std::int64_t c0 = 0; c0 < n; c0 += chunk) {
         const int Ln = int(n - c0 < chunk ? n - c0 : chunk);
         for (int id = threadIdx.x; id < Ln * dki; id += Threads) {
@@ -401,7 +401,7 @@ inline void gdn_chunked(float* S, const float* y, const float* beta, const float
         fail("cuda: kernel gdn_chunked_kernel needs ", smem, " bytes of shared memory (dk ", L.dk, ", dv ", L.dv, ", chunk ",
              chunk, "); the device allows ", max_smem);
     CLOVER_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunked_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    gdn_chunked_kernel<256><<<grid_x("gdn_chunked_kernel", L.Hv), 256, smem, s>>>(S, y, beta, g, o, L, n, chunk);
+    launch(gdn_chunked_kernel<256>, "gdn_chunked_kernel<256>", grid_x("gdn_chunked_kernel", L.Hv), 256, smem, s, S, y, beta, g, o, L, n, chunk);
     check_launch("gdn_chunked");
 }
 
@@ -410,11 +410,11 @@ inline void gdn_chunked(float* S, const float* y, const float* beta, const float
 static __global__ void __launch_bounds__(128) block_softmax_kernel(const float* S_all, const float* y, float* o_all, gdn_layout L,
                                                             std::int64_t B, const float* lambda, const float* hist_b,
                                                             const float* hist_c) {
-    extern __shared__ float sh[];  // q[dk], logits[B + 1]
+    CLOVER_DYNAMIC_SHARED(float, sh);  // q[dk], logits[B + 1]
     const std::int64_t t = blockIdx.x / L.Hv, h = blockIdx.x % L.Hv, kh = L.qk_of(h), dk = L.dk, dv = L.dv;
     const std::int64_t inner = L.Hv * dv;
-    float* q = sh;
-    float* lg = sh + dk;
+    smem_ptr<float> q = sh;
+    smem_ptr<float> lg = sh + dk;
     const float* yt = y + t * L.C;
     for (std::int64_t i = threadIdx.x; i < dk; i += blockDim.x) q[i] = yt[kh * dk + i];
     __syncthreads();
@@ -453,7 +453,7 @@ inline void block_softmax(const float* S, const float* y, float* o, const gdn_la
                           const float* lambda, const float* hist_b, const float* hist_c, cudaStream_t s) {
     if (B <= 0) return;
     const std::size_t smem = std::size_t(L.dk + B + 1) * 4;
-    block_softmax_kernel<<<grid_x("block_softmax_kernel", B * L.Hv), 128, smem, s>>>(S, y, o, L, B, lambda, hist_b, hist_c);
+    launch(block_softmax_kernel, "block_softmax_kernel", grid_x("block_softmax_kernel", B * L.Hv), 128, smem, s, S, y, o, L, B, lambda, hist_b, hist_c);
     check_launch("block_softmax");
 }
 

@@ -42,21 +42,21 @@ inline constexpr int mm_warps = 8;          // output features per CUDA block (o
 
 // Round to nearest, ties to even: std::nearbyint in the default rounding mode (the CPU's rule).
 __host__ __device__ inline int round_even(float v) {
-#ifdef __CUDA_ARCH__
+#if CLOVER_DEVICE_CODE
     return __float2int_rn(v);
 #else
     return int(std::nearbyint(v));
 #endif
 }
 __host__ __device__ inline std::uint16_t act_f16(float f) {
-#ifdef __CUDA_ARCH__
+#if CLOVER_DEVICE_CODE
     return f32_to_f16(f);
 #else
     return quant::f32_to_f16(f);
 #endif
 }
 __host__ __device__ inline std::uint16_t act_bf16(float f) {
-#ifdef __CUDA_ARCH__
+#if CLOVER_DEVICE_CODE
     return f32_to_bf16(f);
 #else
     return quant::f32_to_bf16(f);
@@ -166,14 +166,14 @@ inline void convert_activations(dtype at, Src src, void* y, std::int64_t n, std:
     if ((at == dtype::q8_0 && K % 32 != 0) || (at == dtype::q8_k && K % 256 != 0))
         fail("cuda: rows of ", K, " values cannot be converted to ", dtype_name(at), " (whole blocks only)");
     switch (at) {
-        case dtype::f32: act_elems<dtype::f32><<<blocks_for("act_elems", total, 256), 256, 0, s>>>(src, y, total); break;
-        case dtype::f16: act_elems<dtype::f16><<<blocks_for("act_elems", total, 256), 256, 0, s>>>(src, y, total); break;
-        case dtype::bf16: act_elems<dtype::bf16><<<blocks_for("act_elems", total, 256), 256, 0, s>>>(src, y, total); break;
+        case dtype::f32: launch(act_elems<dtype::f32, Src>, "act_elems<dtype::f32>", blocks_for("act_elems", total, 256), 256, 0, s, src, y, total); break;
+        case dtype::f16: launch(act_elems<dtype::f16, Src>, "act_elems<dtype::f16>", blocks_for("act_elems", total, 256), 256, 0, s, src, y, total); break;
+        case dtype::bf16: launch(act_elems<dtype::bf16, Src>, "act_elems<dtype::bf16>", blocks_for("act_elems", total, 256), 256, 0, s, src, y, total); break;
         case dtype::q8_0:
-            act_q8_0<<<blocks_for("act_q8_0", total / 32, 8), 256, 0, s>>>(src, static_cast<std::uint8_t*>(y), total / 32);
+            launch(act_q8_0<Src>, "act_q8_0", blocks_for("act_q8_0", total / 32, 8), 256, 0, s, src, static_cast<std::uint8_t*>(y), total / 32);
             break;
         case dtype::q8_k:
-            act_q8_k<<<blocks_for("act_q8_k", total / 256, 8), 256, 0, s>>>(src, static_cast<std::uint8_t*>(y), total / 256);
+            launch(act_q8_k<Src>, "act_q8_k", blocks_for("act_q8_k", total / 256, 8), 256, 0, s, src, static_cast<std::uint8_t*>(y), total / 256);
             break;
         default: fail("cuda: no activation conversion to ", dtype_name(at));
     }
@@ -251,7 +251,7 @@ static __global__ void __launch_bounds__(mm_warps * 32) mm_kernel(mm_args a) {
 // grouped tiles (a.tiles) may hold up to 8 rows of one matrix.
 template <dtype T>
 static __global__ void __launch_bounds__(mma_warps * 32) mma_kernel(mm_args a) {
-    __shared__ mma_stage_buf buf[mma_warps];
+    CLOVER_SHARED(mma_stage_buf, buf, [mma_warps]);
     const int wi = threadIdx.x / 32;
     const std::int64_t o0 = (std::int64_t(blockIdx.x) * mma_warps + wi) * mma_m;
     if (o0 >= a.N) return;  // the whole warp (o0 is warp-uniform): mma.sync needs all 32 lanes
@@ -284,13 +284,13 @@ inline constexpr std::int64_t mma_min_rows = mma_n;
 inline void launch_mm_tiles(dtype t, const mm_args& a, dim3 grid, cudaStream_t s) {
     const unsigned threads = mm_warps * 32;
     switch (t) {
-        case dtype::f32: mm_kernel<dtype::f32><<<grid, threads, 0, s>>>(a); break;
-        case dtype::f16: mm_kernel<dtype::f16><<<grid, threads, 0, s>>>(a); break;
-        case dtype::bf16: mm_kernel<dtype::bf16><<<grid, threads, 0, s>>>(a); break;
-        case dtype::q8_0: mm_kernel<dtype::q8_0><<<grid, threads, 0, s>>>(a); break;
-        case dtype::q4_k: mm_kernel<dtype::q4_k><<<grid, threads, 0, s>>>(a); break;
-        case dtype::q5_k: mm_kernel<dtype::q5_k><<<grid, threads, 0, s>>>(a); break;
-        case dtype::q6_k: mm_kernel<dtype::q6_k><<<grid, threads, 0, s>>>(a); break;
+        case dtype::f32: launch(mm_kernel<dtype::f32>, "mm_kernel<dtype::f32>", grid, threads, 0, s, a); break;
+        case dtype::f16: launch(mm_kernel<dtype::f16>, "mm_kernel<dtype::f16>", grid, threads, 0, s, a); break;
+        case dtype::bf16: launch(mm_kernel<dtype::bf16>, "mm_kernel<dtype::bf16>", grid, threads, 0, s, a); break;
+        case dtype::q8_0: launch(mm_kernel<dtype::q8_0>, "mm_kernel<dtype::q8_0>", grid, threads, 0, s, a); break;
+        case dtype::q4_k: launch(mm_kernel<dtype::q4_k>, "mm_kernel<dtype::q4_k>", grid, threads, 0, s, a); break;
+        case dtype::q5_k: launch(mm_kernel<dtype::q5_k>, "mm_kernel<dtype::q5_k>", grid, threads, 0, s, a); break;
+        case dtype::q6_k: launch(mm_kernel<dtype::q6_k>, "mm_kernel<dtype::q6_k>", grid, threads, 0, s, a); break;
         default: fail("cuda: no matmul kernel for weight type ", dtype_name(t));
     }
     check_launch("mm_kernel");
@@ -305,10 +305,10 @@ inline void launch_mma(dtype t, mm_args a, std::int64_t n_tiles, cudaStream_t s)
         a.tile0 = t0;
         const dim3 grid(gx, grid_yz("mma_kernel", std::min(max_grid_yz, n_tiles - t0)));
         switch (t) {
-            case dtype::q8_0: mma_kernel<dtype::q8_0><<<grid, threads, 0, s>>>(a); break;
-            case dtype::q4_k: mma_kernel<dtype::q4_k><<<grid, threads, 0, s>>>(a); break;
-            case dtype::q5_k: mma_kernel<dtype::q5_k><<<grid, threads, 0, s>>>(a); break;
-            case dtype::q6_k: mma_kernel<dtype::q6_k><<<grid, threads, 0, s>>>(a); break;
+            case dtype::q8_0: launch(mma_kernel<dtype::q8_0>, "mma_kernel<dtype::q8_0>", grid, threads, 0, s, a); break;
+            case dtype::q4_k: launch(mma_kernel<dtype::q4_k>, "mma_kernel<dtype::q4_k>", grid, threads, 0, s, a); break;
+            case dtype::q5_k: launch(mma_kernel<dtype::q5_k>, "mma_kernel<dtype::q5_k>", grid, threads, 0, s, a); break;
+            case dtype::q6_k: launch(mma_kernel<dtype::q6_k>, "mma_kernel<dtype::q6_k>", grid, threads, 0, s, a); break;
             default: fail("cuda: no tensor-core kernel for weight type ", dtype_name(t));
         }
         check_launch("mma_kernel");

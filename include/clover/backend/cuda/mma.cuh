@@ -31,13 +31,8 @@
 #include "clover/backend/cuda/quant_dot.cuh"
 #include "clover/core/dtype.hpp"
 
-// Loops the device must unroll (constant register indices, no local memory); the host compiler
-// would warn about the pragma.
-#ifdef __CUDA_ARCH__
-#define CLOVER_MMA_UNROLL _Pragma("unroll")
-#else
-#define CLOVER_MMA_UNROLL
-#endif
+// Loops the device must unroll (constant register indices, no local memory): CLOVER_DEVICE_UNROLL.
+#define CLOVER_MMA_UNROLL CLOVER_DEVICE_UNROLL
 
 namespace clover::backend::cuda_detail {
 
@@ -225,13 +220,17 @@ struct mma_device_warp {
     __host__ __device__ void each(F&& f) { f(lane, L); }
     __host__ __device__ mma_stage_buf& buf() { return *s; }
     __host__ __device__ void sync() {
-#ifdef __CUDA_ARCH__
+#if CLOVER_DEVICE_CODE
         __syncwarp();
 #endif
     }
     template <dtype T>
     __host__ __device__ void mma() {
-#ifdef __CUDA_ARCH__
+#if CLOVER_DEVICE_CODE && defined(CLOVER_CUDA_EMU)
+        // The emulated device's warp-collective mma (cuda/emu/), from the PTX ISA's fragment tables.
+        if constexpr (mma_k<T>() == 32) ::clover_emu::mma_m16n8k32_s8(L.c, L.a, L.b);
+        else ::clover_emu::mma_m16n8k16_s8(L.c, L.a, L.b);
+#elif CLOVER_DEVICE_CODE
         // sm_80+ (the build targets sm_90). C = 0: each item's dots stand alone (their float steps differ).
         if constexpr (mma_k<T>() == 32) {
             asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"

@@ -164,10 +164,10 @@ static __device__ __forceinline__ void warp_topk(float (&v)[items], int X, int k
 template <int items>
 static __global__ void __launch_bounds__(route_threads) route_kernel(float* probs, int X, int k, const route_group* groups,
                                                                      int n_rows, int* ids, float* w) {
-    __shared__ double score[max_experts];
-    __shared__ std::uint8_t mask[max_experts];
-    __shared__ float top_p[route_warps][max_experts_used];
-    __shared__ int top_id[route_warps][max_experts_used];
+    CLOVER_SHARED_RAW(double, score, [max_experts]);
+    CLOVER_SHARED_RAW(std::uint8_t, mask, [max_experts]);
+    CLOVER_SHARED_RAW(float, top_p, [route_warps][max_experts_used]);
+    CLOVER_SHARED_RAW(int, top_id, [route_warps][max_experts_used]);
     static_assert(sizeof(score) + sizeof(mask) + sizeof(top_p) + sizeof(top_id) <= 48 * 1024, "static shared memory limit");
     route_group g;
     if (groups) {
@@ -240,9 +240,9 @@ inline void route(float* probs, std::int64_t n, std::int64_t X, int k, const rou
     if (groups && n_groups < 1) fail("cuda routing: a group table without groups for ", n, " rows");
     const std::int64_t blocks = groups ? n_groups : (n + route_warps - 1) / route_warps;
     if (X <= 32 * 8)
-        route_kernel<8><<<grid_x("route_kernel", blocks), route_threads, 0, s>>>(probs, int(X), k, groups, int(n), ids, w);
+        launch(route_kernel<8>, "route_kernel<8>", grid_x("route_kernel", blocks), route_threads, 0, s, probs, int(X), k, groups, int(n), ids, w);
     else
-        route_kernel<16><<<grid_x("route_kernel", blocks), route_threads, 0, s>>>(probs, int(X), k, groups, int(n), ids, w);
+        launch(route_kernel<16>, "route_kernel<16>", grid_x("route_kernel", blocks), route_threads, 0, s, probs, int(X), k, groups, int(n), ids, w);
     check_launch("route");
 }
 
@@ -375,7 +375,7 @@ inline void moe_experts(const device_matrix& gate, const device_matrix* up, cons
     int* inv = sc.inv.get<int>(std::size_t(nk));
 
     CLOVER_CUDA_CHECK(cudaMemcpyAsync(keys, ids, std::size_t(nk) * 4, cudaMemcpyDeviceToDevice, s));
-    iota_kernel<<<blocks_for("iota_kernel", nk, 256), 256, 0, s>>>(slots, nk);
+    launch(iota_kernel, "iota_kernel", blocks_for("iota_kernel", nk, 256), 256, 0, s, slots, nk);
     int end_bit = 1;
     while ((std::int64_t(1) << end_bit) < X) ++end_bit;
     std::size_t sort_bytes = 0, scan_bytes = 0;
@@ -385,13 +385,13 @@ inline void moe_experts(const device_matrix& gate, const device_matrix* up, cons
     // Stable radix sort: within an expert, slots stay in row order (the CPU's rows_of[e] order).
     CLOVER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, sort_bytes, keys, keys_sorted, slots, slots_sorted, int(nk), 0, end_bit, s));
     CLOVER_CUDA_CHECK(cudaMemsetAsync(counts, 0, std::size_t(X + 1) * 4, s));
-    count_kernel<<<blocks_for("count_kernel", nk, 256), 256, 0, s>>>(ids, nk, counts);
+    launch(count_kernel, "count_kernel", blocks_for("count_kernel", nk, 256), 256, 0, s, ids, nk, counts);
     CLOVER_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(tmp, scan_bytes, counts, offsets, int(X + 1), s));
-    tile_count_kernel<<<blocks_for("tile_count_kernel", X + 1, 256), 256, 0, s>>>(counts, X, big, tcount);
+    launch(tile_count_kernel, "tile_count_kernel", blocks_for("tile_count_kernel", X + 1, 256), 256, 0, s, counts, X, big, tcount);
     CLOVER_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(tmp, scan_bytes, tcount, toff, int(X + 1), s));
     if (split) CLOVER_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(tmp, scan_bytes, tcount + X + 1, toff + X + 1, int(X + 1), s));
-    tiles_kernel<<<blocks_for("tiles_kernel", X, 128), 128, 0, s>>>(offsets, toff, X, big, tiles, tiles8);
-    maps_kernel<<<blocks_for("maps_kernel", nk, 256), 256, 0, s>>>(slots_sorted, nk, k, xmap, inv);
+    launch(tiles_kernel, "tiles_kernel", blocks_for("tiles_kernel", X, 128), 128, 0, s, offsets, toff, X, big, tiles, tiles8);
+    launch(maps_kernel, "maps_kernel", blocks_for("maps_kernel", nk, 256), 256, 0, s, slots_sorted, nk, k, xmap, inv);
     check_launch("moe grouping");
 
     // gate/up: activations are the n token rows, converted once; rows come through xmap.
@@ -483,7 +483,7 @@ inline void moe_experts(const device_matrix& gate, const device_matrix* up, cons
         sgate = sc.sh_gate.get<float>(std::size_t(n));
         matmul(gi, x, sgate, n, sact, s);
     }
-    combine_kernel<<<blocks_for("combine_kernel", n * E, 256), 256, 0, s>>>(ids, w, inv, ys, out, n, k, E, sgate, ysh);
+    launch(combine_kernel, "combine_kernel", blocks_for("combine_kernel", n * E, 256), 256, 0, s, ids, w, inv, ys, out, n, k, E, sgate, ysh);
     check_launch("moe combine");
 }
 

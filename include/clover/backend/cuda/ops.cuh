@@ -34,8 +34,8 @@ inline constexpr int row_threads = 256;
 __device__ inline double row_sum_sq(double ss, float v) { return __fma_rn(double(v), double(v), ss); }
 __device__ inline float rms_row_scale(double ss, std::int64_t n, float eps) {
     using reduce = cub::BlockReduce<double, row_threads>;
-    __shared__ typename reduce::TempStorage tmp;
-    __shared__ float scale;
+    CLOVER_SHARED(typename reduce::TempStorage, tmp);
+    CLOVER_SHARED(float, scale);
     ss = reduce(tmp).Sum(ss);
     if (threadIdx.x == 0) scale = 1.f / sqrtf(float(ss / double(n)) + eps);
     __syncthreads();
@@ -58,7 +58,7 @@ static __global__ void __launch_bounds__(row_threads) rms_norm_rows(const float*
 inline void rms_norm(const float* x, std::int64_t xs, const float* w, float* y, std::int64_t ys, std::int64_t rows,
                      std::int64_t n, float eps, cudaStream_t s) {
     if (rows <= 0) return;
-    rms_norm_rows<<<grid_x("rms_norm_rows", rows), row_threads, 0, s>>>(x, xs, w, y, ys, n, eps);
+    launch(rms_norm_rows, "rms_norm_rows", grid_x("rms_norm_rows", rows), row_threads, 0, s, x, xs, w, y, ys, n, eps);
     check_launch("rms_norm_rows");
 }
 
@@ -104,7 +104,7 @@ inline void rope(float* x, std::int64_t ts, std::int64_t hs, std::int64_t heads,
                  std::int64_t pos0, const rope_args& r, cudaStream_t s) {
     const std::int64_t total = n_tokens * heads * (r.n_rot / 2);
     if (total <= 0) return;
-    rope_heads<<<blocks_for("rope_heads", total, 256), 256, 0, s>>>(x, ts, hs, heads, n_tokens * heads, pos0, r);
+    launch(rope_heads, "rope_heads", blocks_for("rope_heads", total, 256), 256, 0, s, x, ts, hs, heads, n_tokens * heads, pos0, r);
     check_launch("rope_heads");
 }
 
@@ -112,11 +112,13 @@ inline void rope(float* x, std::int64_t ts, std::int64_t hs, std::int64_t heads,
 static __global__ void __launch_bounds__(row_threads) softmax_rows_kernel(float* x, std::int64_t n) {
     using fred = cub::BlockReduce<float, row_threads>;
     using dred = cub::BlockReduce<double, row_threads>;
-    __shared__ union {
+    union reduce_storage {
         typename fred::TempStorage f;
         typename dred::TempStorage d;
-    } tmp;
-    __shared__ float mx, inv;
+    };
+    CLOVER_SHARED(reduce_storage, tmp);
+    CLOVER_SHARED(float, mx);
+    CLOVER_SHARED(float, inv);
     float* xr = x + blockIdx.x * n;
     float m = -INFINITY;
     for (std::int64_t i = threadIdx.x; i < n; i += row_threads) m = fmaxf(m, xr[i]);
@@ -137,7 +139,7 @@ static __global__ void __launch_bounds__(row_threads) softmax_rows_kernel(float*
 
 inline void softmax_rows(float* x, std::int64_t rows, std::int64_t n, cudaStream_t s) {
     if (rows <= 0) return;
-    softmax_rows_kernel<<<grid_x("softmax_rows_kernel", rows), row_threads, 0, s>>>(x, n);
+    launch(softmax_rows_kernel, "softmax_rows_kernel", grid_x("softmax_rows_kernel", rows), row_threads, 0, s, x, n);
     check_launch("softmax_rows");
 }
 
@@ -153,27 +155,18 @@ static __global__ void swiglu_kernel(const float* gu, float* h, std::int64_t row
 
 inline void swiglu(const float* gu, float* h, std::int64_t rows, std::int64_t F, cudaStream_t s) {
     if (rows * F <= 0) return;
-    swiglu_kernel<<<blocks_for("swiglu_kernel", rows * F, 256), 256, 0, s>>>(gu, h, rows, F);
+    launch(swiglu_kernel, "swiglu_kernel", blocks_for("swiglu_kernel", rows * F, 256), 256, 0, s, gu, h, rows, F);
     check_launch("swiglu");
 }
 
-// a ⊙= sigmoid(gate) (attention output gate), and h += y (residual).
-static __global__ void sigmoid_gate_kernel(float* a, const float* gate, std::int64_t n) {
-    const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) a[i] *= sigmoid(gate[i]);
-}
+// h += y (residual). (The attention output gate is applied inside paged attention.)
 static __global__ void add_kernel(float* h, const float* y, std::int64_t n) {
     const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) h[i] += y[i];
 }
-inline void sigmoid_gate(float* a, const float* gate, std::int64_t n, cudaStream_t s) {
-    if (n <= 0) return;
-    sigmoid_gate_kernel<<<blocks_for("sigmoid_gate_kernel", n, 256), 256, 0, s>>>(a, gate, n);
-    check_launch("sigmoid_gate");
-}
 inline void add(float* h, const float* y, std::int64_t n, cudaStream_t s) {
     if (n <= 0) return;
-    add_kernel<<<blocks_for("add_kernel", n, 256), 256, 0, s>>>(h, y, n);
+    launch(add_kernel, "add_kernel", blocks_for("add_kernel", n, 256), 256, 0, s, h, y, n);
     check_launch("add");
 }
 
@@ -254,11 +247,11 @@ inline void norm_act(const pending_norm& p, dtype at, void* act, cudaStream_t s)
     const std::size_t rb = at == dtype::f32 ? 0 : quant::row_bytes(at, p.n);
     auto* a = static_cast<std::uint8_t*>(act);
     switch (at) {
-        case dtype::f32: norm_act_rows<dtype::f32><<<g, row_threads, 0, s>>>(p, a, rb); break;
-        case dtype::f16: norm_act_rows<dtype::f16><<<g, row_threads, 0, s>>>(p, a, rb); break;
-        case dtype::bf16: norm_act_rows<dtype::bf16><<<g, row_threads, 0, s>>>(p, a, rb); break;
-        case dtype::q8_0: norm_act_rows<dtype::q8_0><<<g, row_threads, 0, s>>>(p, a, rb); break;
-        case dtype::q8_k: norm_act_rows<dtype::q8_k><<<g, row_threads, 0, s>>>(p, a, rb); break;
+        case dtype::f32: launch(norm_act_rows<dtype::f32>, "norm_act_rows<dtype::f32>", g, row_threads, 0, s, p, a, rb); break;
+        case dtype::f16: launch(norm_act_rows<dtype::f16>, "norm_act_rows<dtype::f16>", g, row_threads, 0, s, p, a, rb); break;
+        case dtype::bf16: launch(norm_act_rows<dtype::bf16>, "norm_act_rows<dtype::bf16>", g, row_threads, 0, s, p, a, rb); break;
+        case dtype::q8_0: launch(norm_act_rows<dtype::q8_0>, "norm_act_rows<dtype::q8_0>", g, row_threads, 0, s, p, a, rb); break;
+        case dtype::q8_k: launch(norm_act_rows<dtype::q8_k>, "norm_act_rows<dtype::q8_k>", g, row_threads, 0, s, p, a, rb); break;
         default: fail("cuda: no activation conversion to ", dtype_name(at));
     }
     check_launch("norm_act_rows");

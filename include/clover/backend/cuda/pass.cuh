@@ -75,13 +75,13 @@ inline void embed_rows(dtype t, const std::uint8_t* w, std::size_t row_bytes, co
     if (n <= 0) return;
     const unsigned g = grid_x("embed_rows", n);
     switch (t) {
-        case dtype::f32: embed_rows_kernel<dtype::f32><<<g, 256, 0, s>>>(w, row_bytes, ids, h, cols); break;
-        case dtype::f16: embed_rows_kernel<dtype::f16><<<g, 256, 0, s>>>(w, row_bytes, ids, h, cols); break;
-        case dtype::bf16: embed_rows_kernel<dtype::bf16><<<g, 256, 0, s>>>(w, row_bytes, ids, h, cols); break;
-        case dtype::q8_0: embed_rows_kernel<dtype::q8_0><<<g, 256, 0, s>>>(w, row_bytes, ids, h, cols); break;
-        case dtype::q4_k: embed_rows_kernel<dtype::q4_k><<<g, 256, 0, s>>>(w, row_bytes, ids, h, cols); break;
-        case dtype::q5_k: embed_rows_kernel<dtype::q5_k><<<g, 256, 0, s>>>(w, row_bytes, ids, h, cols); break;
-        case dtype::q6_k: embed_rows_kernel<dtype::q6_k><<<g, 256, 0, s>>>(w, row_bytes, ids, h, cols); break;
+        case dtype::f32: launch(embed_rows_kernel<dtype::f32>, "embed_rows_kernel<dtype::f32>", g, 256, 0, s, w, row_bytes, ids, h, cols); break;
+        case dtype::f16: launch(embed_rows_kernel<dtype::f16>, "embed_rows_kernel<dtype::f16>", g, 256, 0, s, w, row_bytes, ids, h, cols); break;
+        case dtype::bf16: launch(embed_rows_kernel<dtype::bf16>, "embed_rows_kernel<dtype::bf16>", g, 256, 0, s, w, row_bytes, ids, h, cols); break;
+        case dtype::q8_0: launch(embed_rows_kernel<dtype::q8_0>, "embed_rows_kernel<dtype::q8_0>", g, 256, 0, s, w, row_bytes, ids, h, cols); break;
+        case dtype::q4_k: launch(embed_rows_kernel<dtype::q4_k>, "embed_rows_kernel<dtype::q4_k>", g, 256, 0, s, w, row_bytes, ids, h, cols); break;
+        case dtype::q5_k: launch(embed_rows_kernel<dtype::q5_k>, "embed_rows_kernel<dtype::q5_k>", g, 256, 0, s, w, row_bytes, ids, h, cols); break;
+        case dtype::q6_k: launch(embed_rows_kernel<dtype::q6_k>, "embed_rows_kernel<dtype::q6_k>", g, 256, 0, s, w, row_bytes, ids, h, cols); break;
         default: fail("cuda embed_rows: no kernel for token_embd of type ", dtype_name(t));
     }
     check_launch("embed_rows");
@@ -122,7 +122,7 @@ static __global__ void split_qg_kernel(const float* qg, float* q, float* gate, s
 inline void split_qg(const float* qg, float* q, float* gate, std::int64_t n_heads_total, std::int64_t hd, cudaStream_t s) {
     const std::int64_t total = n_heads_total * hd;
     if (total <= 0) return;
-    split_qg_kernel<<<blocks_for("split_qg", total, 256), 256, 0, s>>>(qg, q, gate, total, hd);
+    launch(split_qg_kernel, "split_qg_kernel", blocks_for("split_qg", total, 256), 256, 0, s, qg, q, gate, total, hd);
     check_launch("split_qg");
 }
 
@@ -148,7 +148,7 @@ static __global__ void kv_store_kernel(const float* k, const float* v, const row
 inline void kv_store(const float* k, const float* v, const row_info* rows, std::int64_t n, const kv_layout& L,
                      std::int64_t kvw, bool f16, cudaStream_t s) {
     if (n <= 0) return;
-    kv_store_kernel<<<grid_x("kv_store", n), 128, 0, s>>>(k, v, rows, L, kvw, f16);
+    launch(kv_store_kernel, "kv_store_kernel", grid_x("kv_store", n), 128, 0, s, k, v, rows, L, kvw, f16);
     check_launch("kv_store");
 }
 
@@ -244,7 +244,7 @@ inline split_attn_plan plan_split_attention(std::int64_t n_rows, std::int64_t ma
 // group's heads as the M dimension of an mma) and double-buffered tiles are the next steps.
 template <bool F16>
 static __global__ void __launch_bounds__(sattn_warps * 32) paged_attention_kernel(paged_attn_args a) {
-    extern __shared__ float smem[];
+    CLOVER_DYNAMIC_SHARED(float, smem);
     const int hd = int(a.hd), G = int(a.H / a.Hkv), kst = hd | 1;
     const std::int64_t tl = blockIdx.x / a.Hkv, t = a.row0 + tl;
     const int kvh = int(blockIdx.x % a.Hkv);
@@ -253,12 +253,12 @@ static __global__ void __launch_bounds__(sattn_warps * 32) paged_attention_kerne
     const std::int64_t j0 = std::int64_t(blockIdx.z) * sattn_split;
     if (j0 >= n) return;  // past this row's keys: the whole block leaves before any barrier
     const std::int64_t j1 = j0 + sattn_split < n ? j0 + sattn_split : n;
-    float* qs = smem;                   // [G, hd]
-    float* accs = qs + G * hd;          // [G, hd]
-    float* ms = accs + G * hd;          // [G]
-    float* ls = ms + G;                 // [G]
-    float* ks = ls + G;                 // [tile, kst]
-    float* vs = ks + sattn_tile * kst;  // [tile, hd]
+    smem_ptr<float> qs = smem;                   // [G, hd]
+    smem_ptr<float> accs = qs + G * hd;          // [G, hd]
+    smem_ptr<float> ms = accs + G * hd;          // [G]
+    smem_ptr<float> ls = ms + G;                 // [G]
+    smem_ptr<float> ks = ls + G;                 // [tile, kst]
+    smem_ptr<float> vs = ks + sattn_tile * kst;  // [tile, hd]
     const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
     const std::int64_t head0 = t * a.H + std::int64_t(kvh) * G;  // the group's first head: contiguous in q, gate, out
     for (int i = int(threadIdx.x); i < G * hd; i += int(blockDim.x)) {
@@ -276,8 +276,8 @@ static __global__ void __launch_bounds__(sattn_warps * 32) paged_attention_kerne
         __syncthreads();  // the last tile's readers are done (first time: qs and the state are set)
         for (int j = warp; j < nt; j += sattn_warps) {
             const std::int64_t key = b0 + j;
-            float* kd = ks + j * kst;
-            float* vd = vs + j * hd;
+            smem_ptr<float> kd = ks + j * kst;
+            smem_ptr<float> vd = vs + j * hd;
             if (key < na) {
                 const std::byte* kr = a.L.row(ri, key, 0) + kv_off;
                 const std::byte* vr = a.L.row(ri, key, 1) + kv_off;
@@ -297,8 +297,8 @@ static __global__ void __launch_bounds__(sattn_warps * 32) paged_attention_kerne
         for (int h = warp; h < G; h += sattn_warps) {
             float s = -INFINITY;
             if (lane < nt) {
-                const float* qh = qs + h * hd;
-                const float* kj = ks + lane * kst;
+                smem_ptr<const float> qh = qs + h * hd;
+                smem_ptr<const float> kj = ks + lane * kst;
                 // Four running sums: one chain of hd dependent FMAs would stall on each one.
                 float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
                 int d = 0;
@@ -316,7 +316,7 @@ static __global__ void __launch_bounds__(sattn_warps * 32) paged_attention_kerne
             const float corr = expf(m_old - m_new);           // 0 on the first tile (m_old = -inf)
             const float p = lane < nt ? expf(s - m_new) : 0.f;
             const float psum = warp_sum(p);
-            float* acc = accs + h * hd;
+            smem_ptr<float> acc = accs + h * hd;
             float o[pattn_dims_per_lane];
 #pragma unroll
             for (int x = 0; x < pattn_dims_per_lane; ++x) {
@@ -325,7 +325,7 @@ static __global__ void __launch_bounds__(sattn_warps * 32) paged_attention_kerne
             }
             for (int j = 0; j < nt; ++j) {
                 const float pj = __shfl_sync(0xffffffffu, p, j);
-                const float* vj = vs + j * hd;
+                smem_ptr<const float> vj = vs + j * hd;
 #pragma unroll
                 for (int x = 0; x < pattn_dims_per_lane; ++x) {
                     const int i = lane + 32 * x;
@@ -347,7 +347,7 @@ static __global__ void __launch_bounds__(sattn_warps * 32) paged_attention_kerne
     __syncwarp();  // lane 0's last m and l are seen by its warp
     const bool whole = n <= sattn_split;  // the row's only split: its output is final here
     for (int h = warp; h < G; h += sattn_warps) {
-        const float* acc = accs + h * hd;
+        smem_ptr<const float> acc = accs + h * hd;
         if (whole) {
             const float l = ls[h];
             const std::int64_t o0 = (head0 + h) * hd;
@@ -417,13 +417,13 @@ inline void paged_attention(paged_attn_args a, std::int64_t n_rows, std::int64_t
         const std::int64_t nr = std::min(p.rows_per_launch, n_rows - r0);
         a.row0 = r0;
         const dim3 grid(grid_x("paged_attention", nr * a.Hkv), 1, gz);
-        if (a.f16) paged_attention_kernel<true><<<grid, sattn_warps * 32, p.smem, s>>>(a);
-        else paged_attention_kernel<false><<<grid, sattn_warps * 32, p.smem, s>>>(a);
+        if (a.f16) launch(paged_attention_kernel<true>, "paged_attention_kernel<true>", grid, sattn_warps * 32, p.smem, s, a);
+        else launch(paged_attention_kernel<false>, "paged_attention_kernel<false>", grid, sattn_warps * 32, p.smem, s, a);
         check_launch("paged_attention");
         // Launched even when no row has a second split (its blocks exit at once): a decode's
         // node list then stays the same when its context passes S keys, so a captured CUDA
         // graph (graph.cuh) is updated in place rather than instantiated again.
-        paged_attention_merge_kernel<<<grid_x("paged_attention_merge", nr * a.H), 128, 0, s>>>(a);
+        launch(paged_attention_merge_kernel, "paged_attention_merge_kernel", grid_x("paged_attention_merge", nr * a.H), 128, 0, s, a);
         check_launch("paged_attention_merge");
     }
 }
@@ -442,7 +442,7 @@ static __global__ void gdn_gates_kernel(float* beta, float* alpha, const float* 
 inline void gdn_gates(float* beta, float* alpha, const float* A, const float* dt, std::int64_t n, std::int64_t Hv,
                       cudaStream_t s) {
     if (n * Hv <= 0) return;
-    gdn_gates_kernel<<<blocks_for("gdn_gates", n * Hv, 256), 256, 0, s>>>(beta, alpha, A, dt, n * Hv, Hv);
+    launch(gdn_gates_kernel, "gdn_gates_kernel", blocks_for("gdn_gates", n * Hv, 256), 256, 0, s, beta, alpha, A, dt, n * Hv, Hv);
     check_launch("gdn_gates");
 }
 

@@ -40,7 +40,7 @@ inline constexpr std::size_t q8_0_bytes = 34, q8_k_bytes = 292;
 
 // Four int8 products of a and b (byte by byte, signed) added to c.
 __host__ __device__ inline int dp4a(std::uint32_t a, std::uint32_t b, int c) {
-#ifdef __CUDA_ARCH__
+#if CLOVER_DEVICE_CODE
     return __dp4a(int(a), int(b), c);
 #else
     for (int i = 0; i < 4; ++i) c += int(std::int8_t(a >> (8 * i))) * int(std::int8_t(b >> (8 * i)));
@@ -50,7 +50,7 @@ __host__ __device__ inline int dp4a(std::uint32_t a, std::uint32_t b, int c) {
 
 // A little-endian 32-bit word from 4-byte aligned p / from 2-byte aligned p (two halves).
 __host__ __device__ inline std::uint32_t load_w32(const std::uint8_t* p) {
-#ifdef __CUDA_ARCH__
+#if CLOVER_DEVICE_CODE
     return *reinterpret_cast<const std::uint32_t*>(p);
 #else
     std::uint32_t v;
@@ -59,7 +59,7 @@ __host__ __device__ inline std::uint32_t load_w32(const std::uint8_t* p) {
 #endif
 }
 __host__ __device__ inline std::uint32_t load_w32_from_halves(const std::uint8_t* p) {
-#ifdef __CUDA_ARCH__
+#if CLOVER_DEVICE_CODE
     const auto* h = reinterpret_cast<const std::uint16_t*>(p);
     return std::uint32_t(h[0]) | (std::uint32_t(h[1]) << 16);
 #else
@@ -147,7 +147,7 @@ __host__ __device__ inline item_xscale item_xscale_of(const std::uint8_t* x, std
 // plain mul.f32 into an fma, and which one it fuses could differ between kernels); on the host it
 // only ever feeds an fmaf operand, where no compiler contracts it.
 __host__ __device__ inline float mul_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
+#if CLOVER_DEVICE_CODE
     return __fmul_rn(a, b);
 #else
     return a * b;

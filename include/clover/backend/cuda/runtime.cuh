@@ -2,7 +2,8 @@
 // CUDA runtime plumbing for backend::cuda: error checks that throw clover::error, move-only RAII
 // owners of device memory, pinned host memory and streams, and small device helpers shared by
 // the kernels (warp reductions, half/bfloat16 conversions bit-exact with quant/half.hpp).
-// Included only by nvcc translation units (through backend/cuda/cuda.hpp).
+// Included only by nvcc translation units (through backend/cuda/cuda.hpp), or by g++ over the
+// emulated device (cuda/emu/, CLOVER_CUDA_EMU), whose shim headers then answer these includes.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 
@@ -15,9 +16,50 @@
 #include "clover/core/error.hpp"
 #include "clover/quant/half.hpp"
 
+// Device code: nvcc's device pass, or every pass under the emulated device (where the kernels
+// are host functions run by fibers, cuda/emu/). Tested instead of __CUDA_ARCH__ so the emulator
+// runs the device paths, not the host twins.
+#if defined(__CUDA_ARCH__) || defined(CLOVER_CUDA_EMU)
+#define CLOVER_DEVICE_CODE 1
+#else
+#define CLOVER_DEVICE_CODE 0
+#endif
+// Loops the device compiler must unroll (constant register indices); other compilers would warn.
+#if defined(__CUDA_ARCH__)
+#define CLOVER_DEVICE_UNROLL _Pragma("unroll")
+#else
+#define CLOVER_DEVICE_UNROLL
+#endif
+
+// Shared memory, declared through macros so the emulated device can hand each block a fresh
+// poisoned arena and check the 48 KB / opt-in limits (under nvcc they are the plain declarations):
+//   CLOVER_SHARED(float, x, [8]);          __shared__ float x[8];
+//   CLOVER_DYNAMIC_SHARED(float, sh);      CLOVER_DYNAMIC_SHARED(float, sh);
+// Pointers into dynamic shared memory are smem_ptr<T> (T* under nvcc): the emulator's is a checked
+// pointer whose reads and writes feed its race detector (per barrier interval, racecheck-like).
+// Numbers and arrays of numbers declared with CLOVER_SHARED are checked there too (bounds, races);
+// CLOVER_SHARED_RAW keeps a plain array, for one that is handed to functions taking pointers.
+#if defined(CLOVER_CUDA_EMU)
+#define CLOVER_SHARED(T, name, ...) CLOVER_EMU_SHARED(T, name, __VA_ARGS__)
+#define CLOVER_SHARED_RAW(T, name, ...) CLOVER_EMU_SHARED_RAW(T, name, __VA_ARGS__)
+#define CLOVER_DYNAMIC_SHARED(T, name) CLOVER_EMU_DYNAMIC_SHARED(T, name)
+#else
+#define CLOVER_SHARED(T, name, ...) __shared__ T name __VA_ARGS__
+#define CLOVER_SHARED_RAW(T, name, ...) __shared__ T name __VA_ARGS__
+#define CLOVER_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
+
 #define CLOVER_CUDA_CHECK(expr) ::clover::backend::cuda_detail::check((expr), #expr, __FILE__, __LINE__)
 
 namespace clover::backend::cuda_detail {
+
+#if defined(CLOVER_CUDA_EMU)
+template <class T>
+using smem_ptr = ::clover_emu::sptr<T>;
+#else
+template <class T>
+using smem_ptr = T*;
+#endif
 
 inline void check(cudaError_t e, const char* what, const char* file, int line) {
     if (e != cudaSuccess) fail("CUDA error '", cudaGetErrorString(e), "' from ", what, " at ", file, ":", line);
@@ -166,6 +208,21 @@ private:
 // Checks the last launch (launch errors are otherwise only seen at the next synchronisation).
 inline void check_launch(const char* what) { check(cudaGetLastError(), what, __FILE__, __LINE__); }
 
+// Every kernel launch of the backend: kernel<<<grid, block, smem, s>>>(args...) under nvcc; the
+// emulated device also gets the kernel's name (its registry of kernels run, its error messages)
+// and the arguments converted to the kernel's parameter types by value, as a graph node keeps them.
+template <class... P, class... A>
+inline void launch(void (*kernel)(P...), const char* name, dim3 grid, dim3 block, std::size_t smem, cudaStream_t s,
+                   A&&... args) {
+    static_assert(sizeof...(P) == sizeof...(A), "launch: one argument per kernel parameter");
+#if defined(CLOVER_CUDA_EMU)
+    ::clover_emu::launch(kernel, name, grid, block, smem, s, static_cast<P>(std::forward<A>(args))...);
+#else
+    (void)name;
+    kernel<<<grid, block, smem, s>>>(static_cast<P>(std::forward<A>(args))...);
+#endif
+}
+
 // Launch bounds of the hardware (every GPU since compute capability 3.0): a grid's x extent and
 // its y and z extents. A launch past them fails at run time with only "invalid configuration
 // argument", so every launch whose grid comes from a run-time size checks it on the host first.
@@ -233,7 +290,7 @@ __device__ inline float warp_max(float v) {
 // The decoders below are __host__ __device__: the per-format dot products (quant_dot.cuh) run on
 // the host too, in tests that need no GPU; the host side is quant/half.hpp's bit-exact rule.
 __host__ __device__ inline float f16_to_f32(std::uint16_t h) {
-#ifdef __CUDA_ARCH__
+#if CLOVER_DEVICE_CODE
     return __half2float(__ushort_as_half(h));
 #else
     return quant::f16_to_f32(h);
@@ -242,7 +299,7 @@ __host__ __device__ inline float f16_to_f32(std::uint16_t h) {
 // Round to nearest even with overflow to inf: the same rule as quant::f32_to_f16.
 __device__ inline std::uint16_t f32_to_f16(float f) { return __half_as_ushort(__float2half_rn(f)); }
 __host__ __device__ inline float bf16_to_f32(std::uint16_t h) {
-#ifdef __CUDA_ARCH__
+#if CLOVER_DEVICE_CODE
     return __uint_as_float(std::uint32_t(h) << 16);
 #else
     return quant::bf16_to_f32(h);
@@ -259,7 +316,7 @@ __device__ inline std::uint16_t f32_to_bf16(float f) {
 __host__ __device__ inline std::uint16_t load_u16(const std::uint8_t* p) { return std::uint16_t(p[0] | (p[1] << 8)); }
 __host__ __device__ inline float load_f32(const std::uint8_t* p) {
     const std::uint32_t u = std::uint32_t(p[0]) | (std::uint32_t(p[1]) << 8) | (std::uint32_t(p[2]) << 16) | (std::uint32_t(p[3]) << 24);
-#ifdef __CUDA_ARCH__
+#if CLOVER_DEVICE_CODE
     return __uint_as_float(u);
 #else
     return std::bit_cast<float>(u);
