@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian 12 machine lacks to build and test clover: compilers, CMake, the
-# header libraries (Debian packages only), Doxygen (the API reference), Node.js/npm for the peers,
+# header libraries (Debian packages only), Doxygen (the API reference), Boost.Context (the fibers of
+# the emulated CUDA device, cuda/emu), Node.js/npm for the peers,
 # then the peers themselves.
 # The fuzz targets (tests/fuzz) need clang 16 with its sanitizer/libFuzzer runtimes (clang 14 cannot
 # compile the engine headers) and llvm-symbolizer for readable reports.
 set -euo pipefail
-pkgs="build-essential cmake ninja-build pkg-config git libeigen3-dev doctest-dev nlohmann-json3-dev doxygen
+pkgs="build-essential cmake ninja-build pkg-config git libeigen3-dev doctest-dev nlohmann-json3-dev doxygen libboost-context-dev
       libcpp-httplib-dev libpcre2-dev libcli11-dev clang-16 libclang-rt-16-dev llvm-16"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
