@@ -15,7 +15,6 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -37,6 +36,16 @@ struct memory_outlook {
     std::size_t available = 0;
 };
 
+namespace huge_detail {
+// "12.34 GiB", for the load line's sentences.
+inline std::string gib(std::size_t b) {
+    std::ostringstream s;
+    s.precision(2);
+    s << std::fixed << double(b) / double(std::size_t(1) << 30) << " GiB";
+    return s.str();
+}
+}  // namespace huge_detail
+
 // Memory the copy leaves to everything else: the state pool, the scratch of a pass, the
 // tokenizer and the rest of the process, and the kernel's own needs. 1 GiB, or 1/16 of the
 // weights for a very large file.
@@ -50,12 +59,7 @@ inline std::size_t huge_page_reserve(std::size_t bytes) { return std::max<std::s
 // 24 GiB machine, which then decoded from 4 KB file pages with page faults in the products and
 // without the rearranged layouts (issue 41).
 inline std::string huge_page_plan(std::size_t bytes, const memory_outlook& m) {
-    auto gib = [](std::size_t b) {
-        std::ostringstream s;
-        s.precision(2);
-        s << std::fixed << double(b) / double(std::size_t(1) << 30) << " GiB";
-        return s.str();
-    };
+    using huge_detail::gib;
     if (bytes < huge_page_bytes) return "the file is smaller than one huge page";
     if (m.thp_mode == "never") return "transparent huge pages are off (/sys/kernel/mm/transparent_hugepage/enabled is never)";
     if (m.thp_mode.empty()) return "this kernel has no transparent huge pages";
@@ -66,15 +70,14 @@ inline std::string huge_page_plan(std::size_t bytes, const memory_outlook& m) {
 }
 
 // "" when `bytes` of a file map fit in memory beside the reserve; else how much will not (for
-// the load line: decoding then runs at the disk's speed, not the memory's). MemAvailable counts the file's own page cache, so a file already cached reads
-// as fitting when it does.
+// the load line: decoding then runs at the disk's speed, not the memory's). MemAvailable counts
+// the file's own page cache, so a file already cached reads as fitting when it does.
 inline std::string residency_shortfall(std::size_t bytes, const memory_outlook& m) {
+    using huge_detail::gib;
     const std::size_t need = bytes + huge_page_reserve(bytes);
     if (m.available == 0 || need <= m.available) return "";
-    char b[200];
-    std::snprintf(b, sizeof b, "%.2f GiB of weights with %.2f GiB of memory available: about %.2f GiB of them cannot stay in memory and are read from disk again as passes use them",
-                  double(bytes) / double(1 << 30), double(m.available) / double(1 << 30), double(need - m.available) / double(1 << 30));
-    return b;
+    return gib(bytes) + " of weights with " + gib(m.available) + " of memory available: about " + gib(need - m.available) +
+           " of them cannot stay in memory and are read from disk again as passes use them";
 }
 
 // Whether the copy should drop the file's page-cache pages behind it: when the weights and
