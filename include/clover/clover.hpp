@@ -6,7 +6,7 @@
 #include "clover/decode/generate.hpp"
 #include "clover/io/gguf.hpp"
 #include "clover/model/model.hpp"
-#include "clover/arch/dims.hpp"
+#include "clover/schema/dims.hpp"
 
 /// \namespace clover
 /// The library: opening model files (clover::open, clover::load), the model (clover::model) and

@@ -9,11 +9,11 @@
 #include <variant>
 #include <vector>
 
-#include "clover/arch/weights.hpp"
 #include "clover/io/gguf.hpp"
 #include "clover/layers/gated_attention.hpp"
 #include "clover/layers/gated_deltanet.hpp"
 #include "clover/layers/sparse_moe.hpp"
+#include "clover/schema/weights.hpp"
 #include "clover/tensor/weight.hpp"
 
 namespace clover {

@@ -10,14 +10,14 @@
 #include <string>
 #include <utility>
 
-#include "clover/arch/hparams.hpp"
 #include "clover/arch/model_weights.hpp"
-#include "clover/arch/weights.hpp"
 #include "clover/core/error.hpp"
 #include "clover/io/gguf.hpp"
 #include "clover/layers/gated_attention.hpp"
 #include "clover/layers/gated_deltanet.hpp"
 #include "clover/layers/sparse_moe.hpp"
+#include "clover/schema/hparams.hpp"
+#include "clover/schema/weights.hpp"
 
 namespace clover::arch {
 

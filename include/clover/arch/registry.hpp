@@ -8,11 +8,11 @@
 #include <utility>
 
 #include "clover/arch/clover_moe.hpp"
-#include "clover/arch/hparams.hpp"
 #include "clover/arch/model_weights.hpp"
 #include "clover/arch/qwen35moe.hpp"
 #include "clover/core/error.hpp"
 #include "clover/io/gguf.hpp"
+#include "clover/schema/hparams.hpp"
 
 namespace clover {
 

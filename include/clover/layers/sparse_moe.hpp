@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "clover/arch/dims.hpp"
-#include "clover/arch/hparams.hpp"
-#include "clover/arch/weights.hpp"
 #include "clover/backend/concept.hpp"
 #include "clover/core/batch.hpp"
+#include "clover/schema/dims.hpp"
+#include "clover/schema/hparams.hpp"
+#include "clover/schema/weights.hpp"
 
 namespace clover::layers {
 

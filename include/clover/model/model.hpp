@@ -21,8 +21,8 @@
 #include <variant>
 #include <vector>
 
-#include "clover/arch/dims.hpp"
-#include "clover/arch/hparams.hpp"
+#include "clover/schema/dims.hpp"
+#include "clover/schema/hparams.hpp"
 #include "clover/arch/model_weights.hpp"
 #include "clover/arch/registry.hpp"
 #include "clover/backend/concept.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "clover/core/error.hpp"
-#include "clover/arch/hparams.hpp"
+#include "clover/schema/hparams.hpp"
 
 namespace clover {
 

@@ -1,0 +1,1 @@
+#include <clover/c/x.hpp>

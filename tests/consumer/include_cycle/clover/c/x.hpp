@@ -1,0 +1,2 @@
+#include "clover/a/x.hpp"
+#include "clover/c/y.hpp"

@@ -1,0 +1,1 @@
+#include "clover/a/x.hpp"
