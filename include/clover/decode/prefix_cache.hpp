@@ -16,7 +16,11 @@
 // (prompt_cuts depends only on the tokens before a position), so in exact mode a resumed
 // request's logits are bit-identical to computing the whole prompt (tests/decode/
 // test_prefix_cache.cpp). Memory: pages and GDN states count against a byte budget; the least
-// recently used resume points go first, with the pages only they needed.
+// recently used resume points go first, with the pages only they needed. The resume points sit
+// on one list in the order they were last used (every scope together), so finding the one to
+// evict costs O(1) and removing it O(depth freed + log siblings), whatever the cache holds.
+// Evicting never waits for a session: one opened from a resume point holds its own references
+// to the pages it shares (the state pool counts them), so no point is ever locked.
 //
 // Scopes: every entry belongs to a scope (a string; "" by default), one tree each, and a lookup
 // sees only its own scope's tree. A server gives each tenant (an API key, a request's cache_salt)
@@ -30,6 +34,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "clover/core/error.hpp"
@@ -68,18 +73,22 @@ class prefix_cache {
     struct node;
     struct tail {  // a resume point at owner's depth * P + toks.size()
         node* owner = nullptr;
+        std::size_t slot = 0;     // its index in owner->tails
         std::vector<token> toks;  // the tokens of the next page before the point (may be none)
         std::int32_t page = -1;   // toks non-empty: a page holding their rows
         saved st;                 // GDN states at the point
-        std::uint64_t used = 0;   // LRU clock
         std::size_t bytes = 0;
+        tail* older = nullptr;  // the LRU list: least recently used at lru_old_, most at lru_new_
+        tail* newer = nullptr;
     };
     struct node {  // one whole page of tokens below its parent
         node* parent = nullptr;
         std::int64_t depth = 0;  // pages from the root to the end of this one
         std::int32_t page = -1;
+        const std::vector<token>* key = nullptr;  // its key in parent->kids (a root: none)
+        const std::string* scope = nullptr;       // a root: its key in roots_
         std::map<std::vector<token>, std::unique_ptr<node>> kids;  // keyed by their page of tokens
-        std::vector<std::unique_ptr<tail>> tails;
+        std::vector<std::unique_ptr<tail>> tails;                  // unordered: find compares them all
     };
 
 public:
@@ -106,7 +115,7 @@ public:
         if (page_bytes_ == 0) pages.clear();  // no attention layers: nothing positional to share
         const std::int64_t pos = pos_of(*t);
         session s = m_.new_session_from(o, pages, prompt.first(std::size_t(pos)), t->st);
-        t->used = ++clock_;
+        touch(t);
         cached = pos;
         ++hits_;
         hit_tokens_ += pos;
@@ -148,6 +157,22 @@ public:
         std::sort(v.begin(), v.end());
         return v;
     }
+    // The resume points as (scope, the tokens before the point), in eviction order: the next one
+    // to go first (tests).
+    std::vector<std::pair<std::string, std::vector<token>>> eviction_order() const {
+        std::vector<std::pair<std::string, std::vector<token>>> v;
+        for (const tail* t = lru_old_; t; t = t->newer) {
+            std::vector<token> toks(std::size_t(t->owner->depth * P_));
+            const node* n = t->owner;
+            for (; n->parent; n = n->parent) std::copy(n->key->begin(), n->key->end(), toks.begin() + (n->depth - 1) * P_);
+            toks.insert(toks.end(), t->toks.begin(), t->toks.end());
+            v.emplace_back(*n->scope, std::move(toks));
+        }
+        return v;
+    }
+    // Resume points and nodes eviction has visited so far (tests: what one eviction costs must
+    // not grow with what the cache holds).
+    std::int64_t eviction_visits() const { return eviction_visits_; }
 
 private:
     template <class StateAt>
@@ -161,14 +186,17 @@ private:
             // touched: copying its GDN states again to throw them away cost the next turn's TTFT
             // ~5-10 ms on the bundled model (the next request is admitted after this).
             if (tail* held = find(std::span<const token>(toks).first(std::size_t(c)), std::span<const std::int64_t>(&c, 1), c, scope)) {
-                held->used = ++clock_;
+                touch(held);
                 continue;
             }
             // First what can fail (save_state's copy of the GDN states, tens of MB on a large model), so
             // a failure leaves no page held and no node without a resume point.
             saved st = state_at(c);
             auto r = roots_.find(scope);
-            if (r == roots_.end()) r = roots_.try_emplace(std::string(scope)).first;
+            if (r == roots_.end()) {
+                r = roots_.try_emplace(std::string(scope)).first;
+                r->second.scope = &r->first;
+            }
             node* n = &r->second;
             for (std::int64_t d = 0; d < c / P_; ++d) {
                 std::vector<token> key(toks.begin() + d * P_, toks.begin() + (d + 1) * P_);
@@ -181,6 +209,7 @@ private:
                     bytes_ += page_bytes_;
                     ++pages_;
                     it = n->kids.emplace(std::move(key), std::move(k)).first;
+                    it->second->key = &it->first;
                 }
                 n = it->second.get();
             }
@@ -195,8 +224,9 @@ private:
             }
             t->st = std::move(st);
             if (t->st) t->bytes += m_.checkpoint_bytes();
-            t->used = ++clock_;
             bytes_ += t->bytes;
+            t->slot = n->tails.size();
+            link_newest(t.get());
             n->tails.push_back(std::move(t));
             ++entries_;
         }
@@ -238,37 +268,54 @@ private:
         for (const auto& [k, c] : n.kids) walk(*c, f);
     }
 
+    void link_newest(tail* t) {
+        t->older = lru_new_;
+        t->newer = nullptr;
+        (lru_new_ ? lru_new_->newer : lru_old_) = t;
+        lru_new_ = t;
+    }
+    void unlink(tail* t) {
+        (t->older ? t->older->newer : lru_old_) = t->newer;
+        (t->newer ? t->newer->older : lru_new_) = t->older;
+        t->older = t->newer = nullptr;
+    }
+    void touch(tail* t) {
+        unlink(t);
+        link_newest(t);
+    }
+
     // The least recently used resume point goes, then every page only it needed.
     void evict_oldest() {
-        tail* old = nullptr;
-        for (const auto& [k, root] : roots_)
-            walk(root, [&](const tail& t) {
-                if (!old || t.used < old->used) old = const_cast<tail*>(&t);
-            });
+        tail* old = lru_old_;
         if (!old) return;
+        ++eviction_visits_;
+        unlink(old);
         node* n = old->owner;
         if (old->page >= 0) {
             m_.drop_pages(pool_, std::span<const std::int32_t>(&old->page, 1));
             --pages_;
         }
         bytes_ -= old->bytes;
-        std::erase_if(n->tails, [&](const auto& t) { return t.get() == old; });
+        // Swap it with the last of its node's resume points, then drop the last.
+        const std::size_t slot = old->slot;
+        if (slot + 1 != n->tails.size()) {
+            std::swap(n->tails[slot], n->tails.back());
+            n->tails[slot]->slot = slot;
+        }
+        n->tails.pop_back();  // destroys *old
         --entries_;
         ++evicted_;
         while (n->parent && n->tails.empty() && n->kids.empty()) {
+            ++eviction_visits_;
             node* up = n->parent;
             if (n->page >= 0) m_.drop_pages(pool_, std::span<const std::int32_t>(&n->page, 1));
             bytes_ -= page_bytes_;
             --pages_;
-            for (auto it = up->kids.begin(); it != up->kids.end(); ++it)
-                if (it->second.get() == n) {
-                    up->kids.erase(it);
-                    break;
-                }
+            up->kids.erase(up->kids.find(*n->key));  // find first: the key lives in the node it erases
             n = up;
         }
         if (!n->parent && n->tails.empty() && n->kids.empty())  // a scope with nothing left: a salt per request must not pile up roots
-            std::erase_if(roots_, [&](const auto& kv) { return &kv.second == n; });
+            roots_.erase(roots_.find(*n->scope));
     }
 
     Model& m_;
@@ -276,7 +323,9 @@ private:
     std::int64_t P_;
     std::size_t page_bytes_, budget_;
     std::map<std::string, node, std::less<>> roots_;  // one tree per scope
-    std::uint64_t clock_ = 0;
+    tail* lru_old_ = nullptr;  // the next resume point to evict
+    tail* lru_new_ = nullptr;  // the one used last
+    std::int64_t eviction_visits_ = 0;
     std::atomic<std::int64_t> lookups_{0}, hits_{0}, hit_tokens_{0}, entries_{0}, pages_{0}, evicted_{0};
     std::atomic<std::size_t> bytes_{0};
 };
