@@ -39,6 +39,7 @@
 
 #include "clover/decode/prefix_cache.hpp"
 #include "clover/server/answer_json.hpp"
+#include "clover/server/body_buffer.hpp"
 #include "clover/server/metrics.hpp"
 #include "clover/server/protocol.hpp"
 #include "clover/server/response.hpp"
@@ -470,11 +471,10 @@ private:
 
     // The body, counted as it arrives (chunked and length-less bodies too), within the
     // request's deadline. False: the answer is in `res`.
-    bool read_body(const httplib::ContentReader& reader, httplib::Response& res, std::string& body) {
+    bool read_body(const httplib::ContentReader& reader, httplib::Response& res, body_buffer& body) {
         const auto deadline = gated_server::request_deadline();
-        // One allocation of the declared size (at most max_body_bytes, checked in admit): a
-        // doubling string takes up to twice the body, and glibc keeps the top of each thread's
-        // arena (malloc_trim does not shrink those), so the excess stayed after the request.
+        // One piece of the declared size (at most max_body_bytes, checked in admit), given back
+        // to the system when the request ends (body_buffer.hpp: freed memory stayed in glibc's arenas).
         if (const socket_stream* s = gated_server::current(); s && s->body_length() <= opt_.max_body_bytes) body.reserve(s->body_length());
         int refuse = 0;
         const bool ok = reader([&](const char* d, std::size_t n) {
@@ -612,16 +612,16 @@ private:
     void completion(const httplib::Request& hreq, httplib::Response& res, const httplib::ContentReader& reader, bool chat_api) {
         auto held = take_slot();
         if (!held) {
-            rejected();
-            res.set_header("Retry-After", "1");
+            rejected();  // reply_error adds Retry-After to every 503
             return reply_error(res, 503, "the server is busy: " + std::to_string(slots_) + " completion requests are in progress; retry later",
                                {}, "server_error");
         }
-        std::string text;
+        body_buffer text;
         if (!read_body(reader, res, text)) return rejected();
         std::shared_ptr<job> j;
         try {
-            request r = parse_request(parse_body(text), chat_api, tok_, mi_, opt_, fmt_);
+            request r = parse_request(parse_body(text.view()), chat_api, tok_, mi_, opt_, fmt_);
+            text.release();
             r.cache_scope = cache_scope_of(hreq, r);
             j = submit(std::move(r));
         } catch (const http_error& e) {
