@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <clover/backend/cuda/cuda.hpp>
+#include <clover/backend/offload.hpp>
 #include <clover/clover.hpp>
 
 using namespace clover;
@@ -76,11 +77,13 @@ int main(int argc, char** argv) {
     }
     try {
         auto file = load(argv[1]);
-        model<variants::from_file, backend::cuda> g(file, {.threads = threads, .n_cpu_moe = n_cpu_moe});
+        // --n-cpu-moe: backend::cuda composed with backend::cpu (nothing made on the host without it).
+        model<variants::from_file, backend::offload<backend::cuda, backend::cpu>> g(
+            file, {.host = {.threads = threads}, .host_moe_layers = n_cpu_moe});
         std::vector<token> prompt;
         for (int i = 0; i < n_prompt; ++i) prompt.push_back(token((i * 7919 + 13) % g.n_vocab()));
         auto lg = run(g, prompt, n_decode, "CUDA");
-        std::printf("weights uploaded: %.2f GiB\n", double(g.backend().uploaded_bytes()) / (1024.0 * 1024 * 1024));
+        std::printf("weights uploaded: %.2f GiB\n", double(g.backend().device().uploaded_bytes()) / (1024.0 * 1024 * 1024));
         if (with_cpu) {
             model<variants::from_file, backend::cpu> c(file, {threads});
             auto lc = run(c, prompt, n_decode, "CPU");

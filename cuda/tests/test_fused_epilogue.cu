@@ -193,7 +193,7 @@ CUDA_TEST_CASE("swiglu_act: SwiGLU written as activation rows equals swiglu, the
 }
 
 CUDA_TEST_CASE("backend::cuda: add_rms_norm deferred into matmul (four activation types sharing x) equals the plain kernels") {
-    gpu gb({.threads = 2});
+    gpu gb;
     const std::int64_t n = 5, K = 512;
     const float eps = 1e-6f;
     // One product per partner type: F32, F16, Q8_0, Q8_K (Q4_K), and a second Q8_0 one that

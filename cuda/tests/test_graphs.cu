@@ -83,8 +83,8 @@ CUDA_TEST_CASE("graphs: captured passes give the logits of eager ones bit for bi
         s.n_vocab = 300;
         s.type = t;
         const auto path = testutil::synth_file("cu_graphs_" + std::string(dtype_name(t)) + ".gguf", s);
-        cuda_model eager(load(path), {.threads = 2, .graphs = false});
-        cuda_model graphs(load(path), {.threads = 2});
+        cuda_model eager(load(path), {.graphs = false});
+        cuda_model graphs(load(path));
         std::vector<std::vector<float>> a, b;
         script(eager, a);
         script(graphs, b);

@@ -60,7 +60,7 @@ TEST_CASE("argument checks before any launch: k past max_experts_used, ungrouped
 }
 
 CUDA_TEST_CASE("dense product over more than 65,535 row tiles (split launches) equals the CPU, row-exact at the seams") {
-    backend::cuda be({.threads = 2});
+    backend::cuda be;
     backend::cpu cpu({.threads = 2});
     const std::int64_t N = 5, K = 64, n = 4 * 65535 + 4 * 3 + 3;  // tiles 0..65537, the last one partial
     host_matrix hw(dtype::q8_0, N, K, 7);
@@ -84,7 +84,7 @@ CUDA_TEST_CASE("expert-grouped products over more than 65,535 tiles equal the CP
     s.n_expert_used = 3;
     auto path = testutil::synth_file("cuda_moe_many_tiles.gguf", s);
     model<variants::from_file, backend::cpu> m(load(path), {2});
-    backend::cuda be({.threads = 2});
+    backend::cuda be;
     const auto& mw = m.weights().layers[1].moe;
     const dims<variants::from_file> d = m.dim();
     const std::int64_t E = d.n_embd(), X = d.n_expert(), n = 87'401;  // n·k / 4 > 65,535 tiles
@@ -114,8 +114,8 @@ CUDA_TEST_CASE("expert-grouped products over more than 65,535 tiles equal the CP
 }
 
 CUDA_TEST_CASE("weights uploaded through a staging buffer smaller than the weight give the same products") {
-    backend::cuda chunked({.threads = 2, .staging_bytes = 4099});  // odd: chunks end mid-block
-    backend::cuda whole({.threads = 2});
+    backend::cuda chunked({.staging_bytes = 4099});  // odd: chunks end mid-block
+    backend::cuda whole;
     backend::cpu cpu({.threads = 2});
     // Alive as long as the backends: their device copies are keyed by host address and rows, and
     // a freed weight's address reused by the next one would find the stale copy (test_kernels.cu).
@@ -143,7 +143,7 @@ CUDA_TEST_CASE("weights uploaded through a staging buffer smaller than the weigh
 
 CUDA_TEST_CASE("a backend on the last device, called from a new thread, computes there and leaves the thread's device alone") {
     const int last = cd::device_count() - 1;
-    backend::cuda be({.threads = 2, .device = last});
+    backend::cuda be({.device = last});
     backend::cpu cpu({.threads = 2});
     host_matrix hw(dtype::q8_0, 19, 96, 13);
     auto x = testutil::random_vec(std::size_t(3 * 96), 14);

@@ -106,7 +106,7 @@ CUDA_TEST_CASE("expert-grouped products on the tensor cores are row-exact: each 
         s.n_expert_used = 3;
         auto path = testutil::synth_file("cuda_mma_moe_" + std::string(dtype_name(t)) + ".gguf", s);
         model<variants::from_file, backend::cpu> m(load(path), {.threads = 2, .rearrange = false});  // the GPU reads the file's layout
-        backend::cuda be({.threads = 2});
+        backend::cuda be;
         const auto& mw = m.weights().layers[1].moe;
         const dims<variants::from_file> d = m.dim();
         const std::int64_t E = d.n_embd(), X = d.n_expert(), n = 37;

@@ -116,7 +116,7 @@ void scatter_pages(Pool& p, std::int64_t page) {
 struct twin {
     const layer& L;
     host cb{host::options{2}};
-    gpu gb{gpu::options{.threads = 2}};
+    gpu gb{gpu::options{}};
     host::state cs;
     gpu::state gs;
     std::uint64_t seed = 100;
@@ -290,7 +290,7 @@ CUDA_TEST_CASE("split attention is row-exact: a row inside a 9-row batch equals 
     for (bool f16 : {true, false}) {
         CAPTURE(f16);
         const layer L(8, 256, f16);
-        gpu gb({.threads = 2});
+        gpu gb;
         gpu::state g1 = gb.make_state(L.spec, L.o), g2 = gb.make_state(L.spec, L.o);
         seq_id a = -1, b = -1, c = -1;
         for (gpu::state* gs : {&g1, &g2}) {

@@ -7,3 +7,5 @@
 #include "test_mma.cu"
 #include "test_state.cu"
 #include "test_quant_dot.cu"
+#include "test_offload.cu"
+#include "test_defects.cu"

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <clover/backend/offload.hpp>
 #include <clover/backend/trace.hpp>
 #include <clover/clover.hpp>
 #include <clover/io/atomic_file.hpp>
@@ -95,7 +96,10 @@ inline std::shared_ptr<const io::gguf_file> open_weights(const std::string& path
 // has; --device picks one at run time.
 using cpu_model = model<variants::from_file, backend::cpu>;
 #if CLOVER_CLI_CUDA
-using cuda_model = model<variants::from_file, backend::cuda>;
+// --device cuda: backend::cuda, composed with backend::cpu for --n-cpu-moe (backend/offload.hpp;
+// no CPU backend is made while no layer is placed on the host).
+using cuda_backend = backend::offload<backend::cuda, backend::cpu>;
+using cuda_model = model<variants::from_file, cuda_backend>;
 inline constexpr bool built_with_cuda = true;
 #else
 inline constexpr bool built_with_cuda = false;
@@ -164,8 +168,10 @@ inline backend::cpu_options backend_options(std::type_identity<backend::cpu>, in
     return {.threads = threads, .huge_pages = !c.mmap};
 }
 #if CLOVER_CLI_CUDA
-inline backend::cuda_options backend_options(std::type_identity<backend::cuda>, int threads, const device_choice& c) {
-    return {.threads = threads, .device = c.ordinal, .n_cpu_moe = c.n_cpu_moe, .host_huge_pages = !c.mmap};
+inline cuda_backend::options backend_options(std::type_identity<cuda_backend>, int threads, const device_choice& c) {
+    return {.device = {.device = c.ordinal},
+            .host = {.threads = threads, .huge_pages = !c.mmap},
+            .host_moe_layers = c.n_cpu_moe};
 }
 #endif
 template <class Inner>
@@ -176,7 +182,7 @@ auto backend_options(std::type_identity<backend::trace<Inner>>, int threads, con
 // Backend name and what it runs on, for tables and JSON ("CPU" + the ISA, "CUDA" + the card).
 inline std::string backend_isa(const backend::cpu&) { return backend::cpu::isa_name(); }
 #if CLOVER_CLI_CUDA
-inline std::string backend_isa(const backend::cuda& be) { return be.device_name(); }
+inline std::string backend_isa(const cuda_backend& be) { return be.device().device_name(); }
 #endif
 template <class Inner>
 std::string backend_isa(backend::trace<Inner>& be) {
@@ -186,7 +192,11 @@ std::string backend_isa(backend::trace<Inner>& be) {
 // Where the host's copy of the weights is (cpu::weights_placement), for load lines.
 inline std::string weights_placement(const backend::cpu& be) { return be.weights_placement(); }
 #if CLOVER_CLI_CUDA
-inline std::string weights_placement(backend::cuda& be) { return "on the GPU; host: " + be.host().weights_placement(); }
+inline std::string weights_placement(cuda_backend& be) {
+    if (!be.host()) return "on the GPU";
+    return "on the GPU, the experts of " + std::to_string(be.host_layers().size()) + " layers on the host: " +
+           be.host()->weights_placement();
+}
 #endif
 template <class Inner>
 std::string weights_placement(backend::trace<Inner>& be) {

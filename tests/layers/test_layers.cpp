@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
+#include <vector>
 
 #include <clover/core/math.hpp>
 #include <clover/backend/cpu/gdn_kernels.hpp>
@@ -93,4 +95,43 @@ TEST_CASE("routing: top-k with ties to the lower index, renormalised, restricted
     CHECK(ids[0] == 0);
     CHECK(ids[1] == 3);
     CHECK(w[0] == doctest::Approx(0.1 / 0.15));
+}
+
+// A non-finite router logit (NaN, +-inf: an overflow upstream) counts as -inf; a row with no
+// finite logit is uniform, so its top k are the lowest (allowed) ids. Before, NaN probabilities
+// reached the top-k comparator (no strict weak order) and the weights. The CUDA routing kernel
+// applies the same rule (cuda/tests/test_defects.cu compares the two).
+TEST_CASE("routing: non-finite router logits count as -inf; a row without a finite logit is uniform") {
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    const std::int64_t X = 6, k = 2;
+    std::vector<float> probs = {
+        nan, 1.f, nan, 3.f, 0.f, 2.f,       // experts 3, 5
+        nan, nan, nan, nan, nan, nan,       // uniform: 0, 1
+        inf, 1.f, 2.f, -inf, 0.f, 0.5f,     // +inf is not a winner: 2, 1
+        -inf, -inf, -inf, -inf, -inf, -inf, // uniform: 0, 1
+        nan, inf, -inf, nan, inf, -inf,     // no finite logit: uniform
+        0.f, 1.f, 2.f, 3.f, 4.f, 5.f,       // preview block, coreset 3: {3, 4, 5} (the NaN row adds 1/6 to each)
+        nan, nan, nan, nan, nan, nan,       //   uniform: the coreset's lowest, 3 and 4
+    };
+    batch bt;
+    bt.add(0, pass_kind::commit, std::vector<token>(5, 1), 0);
+    bt.add(1, pass_kind::preview, std::vector<token>(2, 1), 0, 2, 3);
+    std::vector<std::int32_t> ids(std::size_t(7 * k));
+    std::vector<float> w(ids.size());
+    backend::cpu_detail::moe_route(bt, backend::moe_shape{X, k, 0, 0}, probs.data(), ids.data(), w.data());
+    const std::vector<std::int32_t> want = {3, 5, 0, 1, 2, 1, 0, 1, 0, 1, 5, 4, 3, 4};
+    CHECK(ids == want);
+    for (std::size_t i = 0; i < probs.size(); ++i) CHECK(std::isfinite(probs[i]));
+    for (std::int64_t t = 0; t < 7; ++t) {
+        double s = 0;
+        for (std::int64_t e = 0; e < X; ++e) s += probs[std::size_t(t * X + e)];
+        CHECK(s == doctest::Approx(1.0));
+        CHECK(w[std::size_t(t * k)] + w[std::size_t(t * k + 1)] == doctest::Approx(1.0));
+    }
+    CHECK(probs[0] == 0.f);
+    CHECK(probs[12] == 0.f);  // the +inf expert
+    for (std::int64_t t : {1, 3, 4, 6}) {
+        for (std::int64_t e = 0; e < X; ++e) CHECK(probs[std::size_t(t * X + e)] == float(1.0 / 6.0));
+        CHECK(w[std::size_t(t * k)] == 0.5f);
+    }
 }

@@ -17,7 +17,7 @@
 // - CUDA graphs (graph.cuh): after warm-up every pass is one graph launch and no direct kernel
 //   launch, a repeated shape updates its executable instead of instantiating one, decode steps
 //   at growing positions launch one executable, and nothing inside a capture waits, frees or
-//   copies pageable memory (the recording runtime refuses it, as a GPU does); with n_cpu_moe or
+//   copies pageable memory (the recording runtime refuses it, as a GPU does); with experts on the host (offload) or
 //   options.graphs = false nothing is captured. A capture that an exception interrupts ends,
 //   discarded, and the stream stays usable.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -30,6 +30,7 @@
 #include <string_view>
 
 #include <clover/backend/cuda/cuda.hpp>
+#include <clover/backend/offload.hpp>
 #include <clover/backend/trace.hpp>
 #include <clover/clover.hpp>
 
@@ -41,6 +42,8 @@ using namespace clover;
 namespace {
 
 using traced = model<variants::from_file, backend::trace<backend::cuda>>;
+// The experts of some layers on the host: backend::cuda composed with backend::cpu.
+using traced_offload = model<variants::from_file, backend::trace<backend::offload<backend::cuda, backend::cpu>>>;
 
 synth::spec pattern_40(std::int64_t n_layer, dtype t) {
     auto s = synth::preset("tiny");
@@ -67,8 +70,8 @@ struct pass_record {
     std::int64_t rows_read = 0;              // read_logits calls that asked for at least one row
 };
 
-template <class F>
-pass_record record(traced& m, F&& f) {
+template <class M, class F>
+pass_record record(M& m, F&& f) {
     m.backend().clear();
     cudastub::reset();
     f();
@@ -80,7 +83,8 @@ pass_record record(traced& m, F&& f) {
 
 // One pass of each kind on a fresh session: a 40-token prompt, a decode row, a 32-row preview
 // with coreset 16, 8 verify rows, and a decode step of 3 sequences together.
-std::map<std::string, pass_record> pass_kinds(traced& m, std::uint64_t seed) {
+template <class M>
+std::map<std::string, pass_record> pass_kinds(M& m, std::uint64_t seed) {
     std::map<std::string, pass_record> out;
     auto s = m.new_session({.ctx = 256});
     std::vector<float> lg;
@@ -111,7 +115,7 @@ TEST_CASE("cuda host side: one read-back per pass, no steady-state allocation, v
     for (dtype t : {dtype::f32, dtype::q8_0}) {
         CAPTURE(dtype_name(t));
         const std::string path = testutil::synth_file("h_pattern40_" + std::string(dtype_name(t)) + ".gguf", pattern_40(40, t));
-        traced m(load(path), {.threads = 2});
+        traced m(load(path));
         REQUIRE(m.hp().n_layer == 40);
         REQUIRE(m.hp().n_attention_layers() == 10);
         const std::int64_t L = m.hp().n_layer;
@@ -175,7 +179,7 @@ TEST_CASE("cuda host side: one read-back per pass, no steady-state allocation, v
         // Uploads per pass are the batch's description (tokens, positions, rows), not per layer:
         // a 4-layer model of the same pattern uploads as often.
         const std::string path4 = testutil::synth_file("h_pattern4_" + std::string(dtype_name(t)) + ".gguf", pattern_40(4, t));
-        traced m4(load(path4), {.threads = 2});
+        traced m4(load(path4));
         (void)pass_kinds(m4, 7);
         auto c = pass_kinds(m4, 1);
         for (auto& [name, r] : a) {
@@ -188,7 +192,7 @@ TEST_CASE("cuda host side: one read-back per pass, no steady-state allocation, v
 
 TEST_CASE("cuda host side: generation reads back once per pass (AR, LowConfidence, self-speculative)") {
     const std::string path = testutil::synth_file("h_pattern40_f32.gguf", pattern_40(40, dtype::f32));
-    traced m(load(path), {.threads = 2});
+    traced m(load(path));
     decode::generate_options o;
     o.max_tokens = 24;
     o.ignore_eos = true;
@@ -234,7 +238,7 @@ TEST_CASE("cuda host side: generation reads back once per pass (AR, LowConfidenc
 
 TEST_CASE("cuda host side, graphs: decode steps at growing positions launch one executable, updated in place") {
     const std::string path = testutil::synth_file("h_pattern40_f32.gguf", pattern_40(40, dtype::f32));
-    traced m(load(path), {.threads = 2});
+    traced m(load(path));
     auto s = m.new_session({.ctx = 256});
     std::vector<float> lg;
     m.commit(s, ids(9, 5), logits_rows::last, lg);
@@ -259,16 +263,23 @@ TEST_CASE("cuda host side, graphs: decode steps at growing positions launch one 
     CHECK(d.frees == 0);
 }
 
-TEST_CASE("cuda host side, graphs: none with n_cpu_moe > 0 or graphs = false; the old figures hold") {
+TEST_CASE("cuda host side, graphs: none with experts on the host (offload) or graphs = false; the old figures hold") {
     const std::string path = testutil::synth_file("h_pattern40_f32.gguf", pattern_40(40, dtype::f32));
     for (int mode = 0; mode < 2; ++mode) {
-        CAPTURE(mode);  // 0: graphs = false, 1: n_cpu_moe = 2
-        backend::cuda_options o{.threads = 2};
-        if (mode == 0) o.graphs = false;
-        else o.n_cpu_moe = 2;
-        traced m(load(path), o);
-        (void)pass_kinds(m, 7);
-        auto a = pass_kinds(m, 1), b = pass_kinds(m, 99);
+        CAPTURE(mode);  // 0: graphs = false, 1: the experts of layers 0 and 1 on the host (--n-cpu-moe 2)
+        std::map<std::string, pass_record> a, b;
+        if (mode == 0) {
+            traced m(load(path), {.graphs = false});
+            (void)pass_kinds(m, 7);
+            a = pass_kinds(m, 1);
+            b = pass_kinds(m, 99);
+        } else {
+            traced_offload m(load(path), {.host = {.threads = 2}, .host_moe_layers = 2});
+            CHECK(m.backend().inner().host_layers() == std::vector<std::int64_t>{0, 1});
+            (void)pass_kinds(m, 7);
+            a = pass_kinds(m, 1);
+            b = pass_kinds(m, 99);
+        }
         for (auto& [name, r] : a) {
             CAPTURE(name);
             const auto& d = r.dev;
@@ -298,7 +309,7 @@ namespace {
 // A standalone backend driven primitive by primitive: an embedding of `rows` tokens and a
 // read-back of no rows, the smallest whole pass.
 struct mini {
-    backend::cuda be{{.threads = 1}};
+    backend::cuda be;
     std::vector<std::byte> table = std::vector<std::byte>(std::size_t(64 * 16 * 4), std::byte{1});
     weight w;
     mini() {

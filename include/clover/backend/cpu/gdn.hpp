@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "clover/backend/concept.hpp"
+#include "clover/backend/shared.hpp"
 #include "clover/backend/cpu/gdn_kernels.hpp"
 #include "clover/backend/cpu/state.hpp"
 #include "clover/backend/cpu/thread_pool.hpp"
@@ -151,10 +152,6 @@ inline void block_softmax_mix(const float* S, const gdn_head_io& io, std::int64_
     }
 }
 
-// Rows below this use the recurrence; at or above, the chunked form (both exact to rounding;
-// the chunked form does the state work as matrix products).
-inline constexpr std::int64_t gdn_chunked_min_rows = 2;
-
 // Gates, then the delta rule / block softmax per (segment, V head). beta, alpha: [n, Hv]
 // pre-activations (turned into β and g in place). y: [n, C] conv output. o: [n, Hv*dv].
 inline void gdn_mix(thread_pool& pool, const batch& bt, state_pool& st, std::int64_t layer, const gdn_shape& g,
@@ -184,7 +181,7 @@ inline void gdn_mix(thread_pool& pool, const batch& bt, state_pool& st, std::int
             float* S = slot.S.data() + h * dk * dv;
             if (s.kind == pass_kind::preview) {
                 block_softmax_mix(S, io, s.n, dk, dv, w.bd_scale->f32()[h], w.bd_bias->f32()[h], w.bd_c->f32()[h], logit, r);
-            } else if (s.kind == pass_kind::commit && !bt.exact && s.n >= gdn_chunked_min_rows) {
+            } else if (gdn_chunked_segment(bt, s)) {  // backend/shared.hpp: the same choice on every backend
                 gdn_chunked(S, io, s.n, dk, dv, sc);
             } else {
                 gdn_recurrent(S, io, s.n, dk, dv, tmp);

@@ -3,7 +3,9 @@
 // the per-block expert coreset, and the expert products of every row of a batch grouped by
 // expert (one product per touched expert over the rows routed to it, from all sequences).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -60,13 +62,31 @@ inline std::vector<std::int32_t> select_coreset(const float* probs, std::int64_t
     return ids;
 }
 
+// Router logits that are not finite (NaN, +-inf: an overflow upstream) count as -inf, so their
+// experts get probability 0; a row with no finite logit routes as if all were equal (uniform
+// probabilities, so its top k are the lowest allowed ids). Without it a NaN reaches the top-k
+// comparison (no strict weak order) and the weights. The CUDA routing kernel applies the same
+// rule (cuda/moe.cuh warp_softmax): both backends choose the same experts for such a row.
+inline void route_logits(float* l, std::int64_t X) {
+    bool any = false;
+    for (std::int64_t e = 0; e < X; ++e) {
+        if (std::isfinite(l[e])) any = true;
+        else l[e] = -std::numeric_limits<float>::infinity();
+    }
+    if (!any) std::fill(l, l + X, 0.f);
+}
+
 // probs [n, X] (router logits in, probabilities out) -> ids, wts [n, k]. A coreset smaller
 // than k gives its rows weight-0 slots (ids of the coreset's first expert) so every row has k.
+// Non-finite logits: route_logits.
 inline void moe_route(const batch& bt, const moe_shape& ms, float* probs, std::int32_t* ids, float* wts) {
     const std::int64_t X = ms.n_expert, k = ms.n_expert_used;
     std::vector<std::int32_t> cand, none;
     for (const segment& s : bt.segments()) {
-        for (std::int64_t t = s.row0; t < s.row0 + s.n; ++t) math::softmax(probs + t * X, X);
+        for (std::int64_t t = s.row0; t < s.row0 + s.n; ++t) {
+            route_logits(probs + t * X, X);
+            math::softmax(probs + t * X, X);
+        }
         const std::vector<std::int32_t> allowed =
             s.kind == pass_kind::preview ? select_coreset(probs + s.row0 * X, s.n, X, s.coreset) : none;
         for (std::int64_t t = s.row0; t < s.row0 + s.n; ++t) route_row(probs + t * X, X, k, allowed, ids + t * k, wts + t * k, cand);

@@ -5,7 +5,9 @@
 // length runs in fixed shared memory, in one pass over K and V.
 //   causal (commit/verify): row t attends cache keys [0, pos0 + t] (its own row already written)
 //   preview: every row attends cache keys [0, p) and all B fresh block rows (no mask in the block)
-// GQA: query head h reads KV head h / (H / Hkv).
+// GQA: query head h reads KV head h / (H / Hkv). A row with no keys (causal with na0 = 0 at row
+// 0, or empty spans) gives zeros, the empty sum (no pass has one: every row attends itself or its
+// block; the CPU's attend_group is not defined there).
 // K/V rows are F32 or F16 bits per span (sessions hold F16 pages by default, state_options::
 // kv_f16, while a preview block's fresh rows are F32): the kernel is a template on each span's
 // element type, chosen at the host entry; F16 is widened exactly (f16_to_f32), as the CPU does.
@@ -101,7 +103,7 @@ static __global__ void __launch_bounds__(attn_warps * 32) attention_kernel(attn_
         float v = 0.f;
         for (int w = 0; w < attn_warps; ++w)
             if (sm[w] != -INFINITY) v += sacc[w][i] * expf(sm[w] - M);
-        out[i] = v / Lsum;
+        out[i] = Lsum > 0.f ? v / Lsum : 0.f;  // a row with no keys: zeros, not 0/0
     }
 }
 

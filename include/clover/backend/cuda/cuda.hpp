@@ -9,16 +9,18 @@
 // on one stream over the pass's device scratch. A pass uploads its batch (token ids, then the
 // rows' page tables at its first attention layer, and its routing groups at its first MoE layer
 // when a preview block has an expert coreset) and reads back once: read_logits, the only
-// synchronisation. The exception is `n_cpu_moe`: layers whose experts stay in host memory copy
-// their MoE input to the host (one more synchronisation per such layer) and the result back.
-// Once a pass of a shape has run, later passes of that shape are captured into a CUDA graph and
-// launched as one (graph.cuh; options.graphs, off with n_cpu_moe).
+// synchronisation. The exception is a host round trip (host_round_trip, for backend::offload:
+// layers whose experts stay in host memory, --n-cpu-moe): the input goes to host memory, one more
+// synchronisation, and the result comes back. Once a pass of a shape has run, later passes of
+// that shape are captured into a CUDA graph and launched as one (graph.cuh; options.graphs, off
+// once a composition enabled host round trips). This backend knows no other backend.
 #if !defined(__CUDACC__) && !defined(CLOVER_CUDA_EMU)
 #error "clover/backend/cuda/cuda.hpp must be compiled by nvcc (a .cu file, CLOVER_CUDA=ON); use backend::cpu otherwise"
 #endif
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -32,7 +34,7 @@
 #include <vector>
 
 #include "clover/backend/concept.hpp"
-#include "clover/backend/cpu/cpu.hpp"
+#include "clover/backend/shared.hpp"
 #include "clover/backend/cuda/attention.cuh"
 #include "clover/backend/cuda/gdn.cuh"
 #include "clover/backend/cuda/graph.cuh"
@@ -47,13 +49,9 @@
 namespace clover::backend {
 
 struct cuda_options {
-    int threads = 0;    // host threads for the experts kept on the CPU (n_cpu_moe) (0: all)
-    int device = 0;     // CUDA device ordinal
-    int n_cpu_moe = 0;  // --n-cpu-moe N: the routed experts of layers 0..N-1 stay in host memory
-                        // and are computed by the CPU (llama.cpp's meaning of the flag)
+    int device = 0;  // CUDA device ordinal
     std::size_t staging_bytes = std::size_t(64) << 20;  // pinned buffer weights are uploaded through
-    bool graphs = true;  // passes captured into CUDA graphs and replayed (graph.cuh); off with n_cpu_moe > 0
-    bool host_huge_pages = true;  // with n_cpu_moe: the host's weights in huge pages (cpu_options::huge_pages)
+    bool graphs = true;  // passes captured into CUDA graphs and replayed (graph.cuh); off with host round trips
 };
 
 class cuda {
@@ -92,12 +90,14 @@ public:
             std::vector<cuda_detail::row_info> host_infos;
             std::vector<std::int32_t> host_pages, host_ids;
             std::vector<const std::byte*> host_bases;
-            cuda_detail::pinned_buffer pin_hx, pin_hy, pin_hw, pin_hids;  // n_cpu_moe round trips
-            // CUDA graphs (graph.cuh): the pass's shape, whether it is being captured, blocks its
-            // buffers gave up during the capture, and the exceptions in flight when it began.
+            cuda_detail::pinned_buffer pin_hx, pin_hy, pin_hw, pin_hids;  // host round trips
+            // CUDA graphs (graph.cuh): the pass's shape, whether it is being captured, its hold on
+            // the blocks freed during the capture (runtime.cuh), the verify records it wrote while
+            // capturing (their copies run with the graph only), and the exceptions in flight when it began.
             cuda_detail::graph_key key;
             bool keyed = false, capturing = false;
-            cuda_detail::retired_blocks retired;
+            cuda_detail::capture_hold retired;
+            std::vector<std::int64_t*> records;
             int uncaught = 0;
         };
         context(cuda* owner, std::unique_ptr<data> d) : owner_(owner), d_(std::move(d)) {}
@@ -123,7 +123,7 @@ public:
         std::unique_ptr<data> d_;
     };
 
-    explicit cuda(options o = {}) : opt_(o), cpu_(cpu_options{.threads = o.threads, .huge_pages = o.n_cpu_moe > 0 && o.host_huge_pages}) {
+    explicit cuda(options o = {}) : opt_(o) {
         const int n = cuda_detail::device_count();
         if (n == 0) fail("backend::cuda: no CUDA device is available");
         if (o.device < 0 || o.device >= n) fail("backend::cuda: device ", o.device, " does not exist (", n, " found)");
@@ -135,7 +135,6 @@ public:
     cuda(const cuda&) = delete;
     cuda& operator=(const cuda&) = delete;
 
-    int threads() const { return cpu_.threads(); }
     int device() const { return opt_.device; }
     // The card's name (benchmark tables and JSON: `clover bench` prints it beside the backend).
     std::string device_name() const {
@@ -144,33 +143,14 @@ public:
         return p.name;
     }
     cudaStream_t stream() const { return stream_->get(); }
-    backend::cpu& host() { return cpu_; }
-
     // The device products are row-exact by construction (matmul.cuh: one warp per output element
-    // with a fixed reduction tree, whatever the number of rows); the scope makes the host
-    // fallbacks (n_cpu_moe) row-exact too.
-    class exact_rows_scope {
-    public:
-        explicit exact_rows_scope(cuda& be) : inner_(be.cpu_) {}
-        exact_rows_scope(const exact_rows_scope&) = delete;
-        exact_rows_scope& operator=(const exact_rows_scope&) = delete;
-
-    private:
-        cpu::exact_rows_scope inner_;
-    };
-    template <class F>
-    void parallel_for(std::int64_t n, std::int64_t grain, F&& fn) {
-        cpu_.parallel_for(n, grain, std::forward<F>(fn));
-    }
+    // with a fixed reduction tree, whatever the number of rows), so this backend needs no
+    // exact-rows scope (backend::cpu's host-pointer helpers have one).
 
     // ---- memory ----
-    // The host copy matters only for the experts kept on the CPU (cpu_options::huge_pages). The
-    // weights are uploaded as the file lays them out, so the host copy keeps that layout (no
-    // products offered to rearrange), and a file an earlier CPU model rearranged is refused.
+    // The weights are uploaded on first use (dev), as the file lays them out: nothing is
+    // rearranged, and a file an earlier CPU model rearranged is refused.
     void map_weights(const weight_memory& m) {
-        weight_memory host = m;
-        host.products.clear();
-        cpu_.map_weights(host);
         if (m.rewrite_once && !m.rewrite_once({}).empty())
             fail("cuda: a CPU model in this process rearranged this file's weights for its kernels; open the file again for the GPU");
     }
@@ -199,6 +179,7 @@ public:
         d->tables = false;
         d->groups_X = -1;
         d->keyed = d->capturing = false;
+        d->records.clear();
         d->uncaught = std::uncaught_exceptions();
         return context(this, std::move(d));
     }
@@ -339,6 +320,7 @@ public:
                 slot.rec.ring0 = slot.ring;
                 copy_rows(slot.rec.m, ms, std::size_t(sg.n * C), slot.S);
                 slot.rec.n = sg.n;
+                if (cx.scratch().capturing) cx.scratch().records.push_back(&slot.rec.n);  // end_capture
             }
             cuda_detail::conv_silu(slot.ring.data(), ms, f32(*w.conv), nullptr, ys, sg.n, C, K, s);
             // The ring moves through a scratch copy: advance_ring reads the old ring while writing.
@@ -364,7 +346,7 @@ public:
             float* gs = alpha.data + sg.row0 * Hv;
             if (sg.kind == pass_kind::preview) {
                 cuda_detail::block_softmax(slot.S.data(), ys, os, L, sg.n, f32(*w.bd_scale), f32(*w.bd_bias), f32(*w.bd_c), s);
-            } else if (sg.kind == pass_kind::commit && !bt.exact && sg.n >= cpu_detail::gdn_chunked_min_rows) {
+            } else if (gdn_chunked_segment(bt, sg)) {  // backend/shared.hpp: the CPU's choice
                 cuda_detail::gdn_chunked(slot.S.data(), ys, bs, gs, os, L, sg.n, s);
             } else {
                 cuda_detail::gdn_scan_args sa{};
@@ -411,6 +393,17 @@ public:
         cuda_detail::route(probs.data, x.rows, X, int(k), groups, std::int64_t(d.host_groups.size()), r.ids, r.w, stream());
     }
     void moe_ffn(context& cx, const batch& bt, const moe_shape& ms, const moe_params& mp, tensor x, route r, tensor out);
+
+    // ---- host round trips (backend::offload: a layer's work placed on a host backend) ----
+    // Said once, before any pass, by a composition that will run host work inside passes: such a
+    // pass waits for the host, which a CUDA graph cannot capture, so no pass is captured after.
+    void enable_host_round_trips() { host_trips_ = true; }
+    // x [n, E] and r [n, k] copied into pinned host buffers, one wait, f(x, r, out) on the calling
+    // thread over those copies (out: [n, E], for f to write), and out's copy queued back into
+    // `out` (cuda_ffn.hpp). No other backend is known here: f is the composition's.
+    template <class F>
+    void host_round_trip(context& cx, tensor x, route r, tensor out, F&& f);
+
     void lm_head(context& cx, const batch& bt, const weight& output, tensor x, tensor logits) {
         cuda_detail::device_guard on(opt_.device);
         auto& d = cx.scratch();
@@ -444,10 +437,6 @@ public:
     void matmul(const weight& w, const float* x, float* y, std::int64_t n) {
         if (n <= 0) return;
         cuda_detail::device_guard on(opt_.device);
-        if (on_host(w)) {
-            cpu_.matmul(w, x, y, n);
-            return;
-        }
         cuda_detail::stream_user busy(graphs_);  // never captured: it waits for the device itself
         std::lock_guard lk(helper_mu_);
         const std::size_t xb = std::size_t(n * w.cols) * 4, yb = std::size_t(n * w.rows) * 4;
@@ -502,14 +491,6 @@ public:
     }
     std::size_t uploaded_bytes() const { return uploaded_bytes_; }
 
-    // True when w is a routed-expert matrix of a layer below opt.n_cpu_moe (its name is
-    // "blk.<layer>.ffn_*_exps.weight"; expert() and row_slice() views keep the name).
-    bool on_host(const weight& w) const {
-        if (opt_.n_cpu_moe <= 0 || w.name.find("_exps") == std::string::npos) return false;
-        if (w.name.rfind("blk.", 0) != 0) return false;
-        return std::atoi(w.name.c_str() + 4) < opt_.n_cpu_moe;
-    }
-
 private:
     struct key {
         const std::byte* data;
@@ -557,29 +538,43 @@ private:
         // The stream may still be using the pass's buffers (a pass that ended early, by an
         // error, before read_logits): they are reused only after it is done with them.
         (void)cudaStreamSynchronize(stream());
-        d->retired.free_all();  // the graph that named them has run
+        d->retired.release();  // the graph that named the blocks retired meanwhile has run
         {
             std::lock_guard lk(free_mu_);
             free_.push_back(std::move(d));
         }
         graphs_.leave();  // after: the next pass finds this scratch, grown for its shape
     }
-    bool graphs_on() const { return opt_.graphs && opt_.n_cpu_moe <= 0; }  // n_cpu_moe: host waits inside the pass
+    bool graphs_on() const { return opt_.graphs && !host_trips_; }  // host round trips wait inside the pass
     // A pass is captured from embed on once a whole pass of its shape ran eagerly, when it is
     // the stream's only user (graph.cuh), until read_logits (or release).
     void begin_capture(context::data& d, const batch& bt) {
         if (!graphs_on() || d.keyed) return;
         d.key = cuda_detail::graph_key_of(bt);
         d.keyed = true;
-        if (!graphs_.begin(d.key, stream())) return;
+        d.retired.hold();  // before the capture opens: no block is freed while it is open
+        if (!graphs_.begin(d.key, stream())) {
+            d.retired.release();
+            return;
+        }
         d.capturing = true;
-        cuda_detail::retire_list() = &d.retired;
     }
-    // launch: the graph is launched (the pass runs now); otherwise discarded (graph.cuh).
+    // launch: the graph is launched (the pass runs now); otherwise discarded (graph.cuh). A graph
+    // that was not launched ran none of the pass's copies: the verify records the pass wrote say
+    // no rows (a rollback refuses instead of replaying arrays the copies never filled).
     void end_capture(context::data& d, bool launch) {
-        cuda_detail::retire_list() = nullptr;
         d.capturing = false;
-        graphs_.end(d.key, stream(), launch);
+        const auto drop_records = [&d]() noexcept {
+            for (std::int64_t* n : d.records) *n = 0;
+            d.records.clear();
+        };
+        try {
+            graphs_.end(d.key, stream(), launch);
+        } catch (...) {
+            drop_records();
+            throw;
+        }
+        if (!launch) drop_records();
     }
     // The kernels' limits against the model's shapes, once, before any pass: a limit met half
     // way through a pass would leave the earlier layers' states advanced.
@@ -724,7 +719,7 @@ private:
     }
 
     options opt_;
-    backend::cpu cpu_;
+    std::atomic<bool> host_trips_{false};  // enable_host_round_trips
     std::unique_ptr<cuda_detail::stream> stream_;
     std::unique_ptr<cuda_detail::stream> upload_stream_;  // weight uploads (dev)
     std::mutex free_mu_, upload_mu_, helper_mu_;

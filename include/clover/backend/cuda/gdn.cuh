@@ -246,13 +246,14 @@ inline void gdn_scan(const gdn_scan_args& a, const gdn_layout& L, cudaStream_t s
     if (a.n <= 0) return;
     constexpr int T = 256;
     if (a.norm_w && L.dv > T) fail("gdn_scan: the fused norm needs dv <= ", T, " (dv is ", L.dv, ")");
-    const std::size_t smem = std::size_t(2 * L.dk) * 4;
+    const std::size_t smem = std::size_t(2 * L.dk) * 4;  // q and k of a token: past 48 KB only for the global kernel (dk > 128)
     const unsigned grid = grid_x("gdn_scan_kernel", L.Hv);
     if (!force_global && L.dv <= T && L.dk <= 128) {
         if (L.dk <= 32) launch(gdn_scan_reg_kernel<32, T>, "gdn_scan_reg_kernel<32, T>", grid, T, smem, s, a, L);
         else if (L.dk <= 64) launch(gdn_scan_reg_kernel<64, T>, "gdn_scan_reg_kernel<64, T>", grid, T, smem, s, a, L);
         else launch(gdn_scan_reg_kernel<128, T>, "gdn_scan_reg_kernel<128, T>", grid, T, smem, s, a, L);
     } else {
+        dynamic_smem(gdn_scan_kernel<T>, "gdn_scan_kernel", smem, " (q and k of head dim ", L.dk, ")");
         launch(gdn_scan_kernel<T>, "gdn_scan_kernel<T>", grid, T, smem, s, a, L);
     }
     check_launch("gdn_scan");
@@ -393,14 +394,10 @@ inline void gdn_chunked(float* S, const float* y, const float* beta, const float
     if (n <= 0) return;
     if (L.dk * L.dv > INT_MAX || std::int64_t(chunk) * (L.dk + L.dv) > INT_MAX)
         fail("cuda gdn_chunked: head dims ", L.dk, " x ", L.dv, " exceed the kernel's int indices");
+    // The cap goes to the device's limit (dynamic_smem), never to this call's size: another
+    // model's thread may be between raising it for a larger head and launching.
     const std::size_t smem = gdn_chunked_smem(L, chunk);
-    int dev = 0, max_smem = 0;
-    CLOVER_CUDA_CHECK(cudaGetDevice(&dev));
-    CLOVER_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (smem > std::size_t(max_smem))
-        fail("cuda: kernel gdn_chunked_kernel needs ", smem, " bytes of shared memory (dk ", L.dk, ", dv ", L.dv, ", chunk ",
-             chunk, "); the device allows ", max_smem);
-    CLOVER_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunked_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    dynamic_smem(gdn_chunked_kernel<256>, "gdn_chunked_kernel", smem, " (dk ", L.dk, ", dv ", L.dv, ", chunk ", chunk, ")");
     launch(gdn_chunked_kernel<256>, "gdn_chunked_kernel<256>", grid_x("gdn_chunked_kernel", L.Hv), 256, smem, s, S, y, beta, g, o, L, n, chunk);
     check_launch("gdn_chunked");
 }
@@ -452,7 +449,9 @@ static __global__ void __launch_bounds__(128) block_softmax_kernel(const float* 
 inline void block_softmax(const float* S, const float* y, float* o, const gdn_layout& L, std::int64_t B,
                           const float* lambda, const float* hist_b, const float* hist_c, cudaStream_t s) {
     if (B <= 0) return;
+    // q [dk] and the B + 1 logits: past 48 KB from ~12K block rows.
     const std::size_t smem = std::size_t(L.dk + B + 1) * 4;
+    dynamic_smem(block_softmax_kernel, "block_softmax_kernel", smem, " (head dim ", L.dk, ", ", B, " block rows)");
     launch(block_softmax_kernel, "block_softmax_kernel", grid_x("block_softmax_kernel", B * L.Hv), 128, smem, s, S, y, o, L, B, lambda, hist_b, hist_c);
     check_launch("block_softmax");
 }

@@ -28,13 +28,17 @@
 //   for there (cuda::dev), never on the capturing stream;
 // - grow-only scratch (context buffers, MoE and CUB temporaries, split attention's partials,
 //   pinned upload and read-back buffers): cudaMalloc is allowed (relaxed capture mode); the
-//   old block is retired, not freed, until the graph has run (runtime.cuh retired_blocks);
+//   old block is retired, not freed, until the graph has run (runtime.cuh retirements: process-
+//   wide, so a pass captured on one thread may be finished on another, and any thread's free
+//   waits while a capture is open);
 // - CUB's temporary sizing is host arithmetic, no device call;
 // - the state pool's float arrays (state.cuh float_cache): take() may cudaMalloc; only its
 //   trim() on a full device frees, which a capture refuses: that pass fails (the retried
 //   allocation or the ended capture reports it) before anything of it ran, and its shape's next
 //   pass runs eagerly, where trim works;
-// - n_cpu_moe layers copy to the host and wait inside the pass: graphs are off with n_cpu_moe;
+// - a verify segment's records (the rows a rollback replays) are copies that run with the graph:
+//   a discarded capture leaves them saying no rows (backend::cuda end_capture), not the pass's;
+// - host round trips (backend::offload, --n-cpu-moe) wait inside the pass: graphs are off with them;
 // - the state pool's own copies and zeroing (opening a sequence, checkpoints) are queued on the
 //   pass's stream and would land in a capture if another thread queued them meanwhile: they
 //   come from the thread that runs the passes (model.hpp, the server's worker).

@@ -1,6 +1,7 @@
 #pragma once
 // Sparse MoE on the device (layers/sparse_moe.hpp is the CPU twin):
-//   route        one kernel per layer after the router product: softmax of every row, the
+//   route        one kernel per layer after the router product: softmax of every row (a
+//                non-finite logit counts as -inf, a row without a finite one is uniform), the
 //                preview block's expert coreset (score[e] = Σ_t P[t, e] in double, rows in
 //                order as on the CPU, the C best -> a mask), then each row's top k among the
 //                allowed experts (ties: lower index first, the CPU rule), renormalised
@@ -17,6 +18,7 @@
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
+#include <cfloat>
 #include <climits>
 #include <cstdint>
 #include <vector>
@@ -78,6 +80,10 @@ __host__ __device__ inline void route_finish(const float* top_p, const int* top_
 
 // Softmax of one row by one warp (math::softmax: float max, exp, sum in double, scale by the
 // float inverse): p [X] logits in, probabilities out; v: the lane's probabilities (0 past X).
+// Non-finite logits as cpu_detail::route_logits: a NaN or infinite logit counts as -inf; a row
+// with no finite logit is uniform (its max is -inf in every lane: the row's logits become 0).
+// Without it a NaN row's probabilities were NaN, warp_topk took no candidate and the row's ids
+// came from uninitialised shared slots (count_kernel's atomicAdd offsets).
 // The max is exact in any order. The sum is the lane's in i order, then a butterfly: each step
 // adds the same two values in both partner lanes (a + b == b + a), so every lane ends with the
 // same sum. Its order differs from the CPU's running sum (as softmax_rows' block reduction
@@ -91,9 +97,15 @@ static __device__ __forceinline__ void warp_softmax(float* p, int X, float (&v)[
     for (int i = 0; i < items; ++i) {
         const int e = lane + 32 * i;
         v[i] = e < X ? p[e] : -INFINITY;
+        if (!(fabsf(v[i]) <= FLT_MAX)) v[i] = -INFINITY;  // NaN, +-inf
         mx = fmaxf(mx, v[i]);
     }
     for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (mx == -INFINITY) {  // no finite logit: all equal
+        mx = 0.f;
+#pragma unroll
+        for (int i = 0; i < items; ++i) v[i] = 0.f;
+    }
     double s = 0;
 #pragma unroll
     for (int i = 0; i < items; ++i) {

@@ -10,6 +10,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -76,42 +77,80 @@ inline int device_count() noexcept {
     return n;
 }
 
-// Blocks a grow-only buffer gave up while a stream capture was open on this thread (a pass
-// being captured into a CUDA graph, graph.cuh). Such a block may not be freed yet: nodes
-// captured earlier in the pass still name it and run only when the graph is launched, and a
-// cudaFree inside a capture would be an implicit device synchronisation. The capturing pass
-// frees them after its graph has run. Per thread: a pass's primitives run on one host thread.
-struct retired_blocks {
-    std::vector<void*> device, host;
-    retired_blocks() = default;
-    retired_blocks(const retired_blocks&) = delete;
-    retired_blocks& operator=(const retired_blocks&) = delete;
-    ~retired_blocks() { free_all(); }
-    void free_all() noexcept {
-        for (void* p : device) (void)cudaFree(p);
-        for (void* p : host) (void)cudaFreeHost(p);
-        device.clear();
-        host.clear();
+// Blocks given up (cudaFree, cudaFreeHost) while a stream capture is open: a pass being
+// captured into a CUDA graph (graph.cuh). Such a block may not be freed yet: nodes captured
+// earlier in the pass may still name it and run only when the graph is launched, and a free
+// while a capture is open is an implicit device synchronisation that breaks the capture. They
+// wait here until no capture holds the list (capture_hold), then are freed.
+// Process-wide, not per thread: a pass may be captured on one thread and continued, launched or
+// released on another (a thread_local list lost those blocks and left the first thread pointing
+// at the pass's list), and a buffer another thread frees meanwhile (another model's) must wait
+// too. Frees go through the lock, so none can slip between a capture's hold and its begin.
+class retirements {
+public:
+    static retirements& get() noexcept {
+        static retirements* r = new retirements;  // never destroyed: buffers may be freed by static destructors
+        return *r;
     }
-};
-// Where this thread's buffers retire their blocks (null: no capture open, they free at once).
-inline retired_blocks*& retire_list() noexcept {
-    static thread_local retired_blocks* list = nullptr;
-    return list;
-}
-// Frees p (cudaFree or cudaFreeHost) now, or hands it to the open capture's list.
-inline void free_or_retire(void* p, bool host) noexcept {
-    if (!p) return;
-    if (retired_blocks* r = retire_list()) {
-        try {
-            (host ? r->host : r->device).push_back(p);
-            return;
-        } catch (...) {  // no host memory for the list: leaked, since freeing could break the graph
-            return;
+    void hold() {
+        std::lock_guard lk(mu_);
+        ++holds_;
+    }
+    // The last hold gone: every retired block is freed.
+    void release() noexcept {
+        std::lock_guard lk(mu_);
+        if (holds_ > 0 && --holds_ == 0) {
+            for (void* p : device_) (void)cudaFree(p);
+            for (void* p : host_) (void)cudaFreeHost(p);
+            device_.clear();
+            host_.clear();
         }
     }
-    (void)(host ? cudaFreeHost(p) : cudaFree(p));
-}
+    // Frees p (cudaFree or cudaFreeHost) now, or keeps it while a capture holds the list.
+    void free(void* p, bool host) noexcept {
+        if (!p) return;
+        std::lock_guard lk(mu_);
+        if (holds_ > 0) {
+            try {
+                (host ? host_ : device_).push_back(p);
+            } catch (...) {  // no host memory for the list: leaked, since freeing could break the graph
+            }
+            return;
+        }
+        (void)(host ? cudaFreeHost(p) : cudaFree(p));
+    }
+
+private:
+    retirements() = default;
+    std::mutex mu_;
+    int holds_ = 0;
+    std::vector<void*> device_, host_;
+};
+
+// One pass's hold on the retirements: taken before its capture begins, given back once the graph
+// has run (or the capture was discarded); on any thread. Released when destroyed.
+class capture_hold {
+public:
+    capture_hold() = default;
+    capture_hold(const capture_hold&) = delete;
+    capture_hold& operator=(const capture_hold&) = delete;
+    ~capture_hold() { release(); }
+    void hold() {
+        if (held_) return;
+        retirements::get().hold();
+        held_ = true;
+    }
+    void release() noexcept {
+        if (!held_) return;
+        held_ = false;
+        retirements::get().release();
+    }
+
+private:
+    bool held_ = false;
+};
+
+inline void free_or_retire(void* p, bool host) noexcept { retirements::get().free(p, host); }
 
 // Grow-only device allocation (the hot path reuses it; it never shrinks).
 class device_buffer {
@@ -221,6 +260,26 @@ inline void launch(void (*kernel)(P...), const char* name, dim3 grid, dim3 block
     (void)name;
     kernel<<<grid, block, smem, s>>>(static_cast<P>(std::forward<A>(args))...);
 #endif
+}
+
+// Dynamic shared memory past the 48 KB every kernel may take needs the kernel's cap raised
+// (cudaFuncSetAttribute), up to the device's opt-in limit; past that limit the call fails here
+// with one error naming the kernel, the bytes, `detail...` (the shape) and the limit, not at the
+// launch with the driver's "invalid argument". The cap is raised to the device's limit, not to
+// this launch's need: it belongs to the kernel, for every thread, and another thread launching a
+// larger shape (a second model) between its own call and its launch must never find it lowered.
+// Set at every call that needs it (cheap runtime queries, no stream work: allowed in a capture),
+// so each device of the process gets it for its own context.
+inline constexpr std::size_t smem_default_cap = 48 * 1024;
+template <class... P, class... D>
+inline void dynamic_smem(void (*kernel)(P...), const char* name, std::size_t bytes, const D&... detail) {
+    if (bytes <= smem_default_cap) return;
+    int dev = 0, max_smem = 0;
+    CLOVER_CUDA_CHECK(cudaGetDevice(&dev));
+    CLOVER_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (bytes > std::size_t(max_smem))
+        fail("cuda: kernel ", name, " needs ", bytes, " bytes of dynamic shared memory", detail..., "; the device allows ", max_smem);
+    CLOVER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
 }
 
 // Launch bounds of the hardware (every GPU since compute capability 3.0): a grid's x extent and
