@@ -4,3 +4,4 @@
 #include "test_graphs.cu"
 #include "test_split_attention.cu"
 #include "test_fused_epilogue.cu"
+#include "test_conformance.cu"
