@@ -1,13 +1,16 @@
 #pragma once
-// `clover logits` and `clover generate` (cli.md).
+// `clover logits` and `clover generate` (cli.md). generate, one prompt or many (--parallel), runs
+// on the engine that `clover serve` and `clover run` run (decode/engine.hpp).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <variant>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include <clover/decode/engine.hpp>
 
 #include "common.hpp"
 
@@ -28,46 +31,83 @@ inline constexpr std::size_t max_parallel_lines = 65536;
 // `logits`: the most bytes of logits written (rows x vocabulary x 4), held in memory first.
 inline constexpr std::size_t max_logits_bytes = std::size_t(4) << 30;
 
+// The generation options and decoder `generate` asks for.
+template <class M, class Opts>
+decode::generate_options generate_options_of(const Opts& o, const M& m) {
+    decode::generate_options g;
+    g.max_tokens = o.n;
+    g.ignore_eos = o.ignore_eos;
+    if (auto eos = m.weights().file->get_int("tokenizer.ggml.eos_token_id")) g.eog.push_back(token(*eos));
+    if (!o.greedy) g.sampling = {o.temp, o.top_k, o.top_p, o.min_p, o.seed};
+    return g;
+}
+template <class Opts>
+decode::builtin_decoder decoder_of(const Opts& o) {
+    if (o.decoder == "diffusion") return decode::low_confidence{o.block, o.threshold, o.coreset_set ? o.coreset : -1};
+    if (o.decoder == "speculative") return decode::self_speculative{o.block, 1, o.threshold, o.coreset_set ? o.coreset : -1};
+    return decode::ar{};
+}
+
+// What one prompt of `generate` got.
+struct generated {
+    std::vector<token> tokens;
+    decode::generate_stats stats;
+};
+
+// Runs the prompts on the engine a server runs (decode/engine.hpp), up to `parallel` together
+// (admitted in input order, one batched pass per step); session size ctx (0: prompt, -n and a
+// block, never past the model's context: the answer then ends there, stop_reason "context").
+// A request the engine refuses or that fails fails the command.
+template <class M, class Opts>
+std::vector<generated> generate_on_engine(M& m, const Opts& o, const std::vector<std::vector<token>>& prompts, std::int64_t parallel) {
+    const decode::generate_options g = generate_options_of(o, m);
+    const decode::builtin_decoder dec = decoder_of(o);
+    const std::int64_t limit = context_limit(m);
+    decode::engine<M> eng(m, {.parallel = std::max<std::int64_t>(1, parallel), .kv_f16 = o.kv == "f16"});
+    std::vector<generated> out(prompts.size());
+    std::vector<std::string> errors(prompts.size());
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+        decode::engine_request<> r;
+        r.prompt = prompts[i];
+        r.gen = g;
+        r.dec = dec;
+        r.ctx = o.ctx > 0 ? o.ctx : std::min<std::int64_t>(std::int64_t(prompts[i].size()) + o.n + o.block, limit);
+        r.sink.on_token = [&out, i](token t) {
+            out[i].tokens.push_back(t);
+            return true;
+        };
+        r.sink.on_end = [&out, &errors, i](const decode::engine_result& e) {
+            out[i].stats = e.stats;
+            errors[i] = e.error;
+        };
+        eng.submit(std::move(r));
+    }
+    eng.run_until_idle();
+    for (std::size_t i = 0; i < prompts.size(); ++i)
+        if (!errors[i].empty()) fail("generate", prompts.size() > 1 ? " (prompt " + std::to_string(i + 1) + ")" : std::string(), ": ", errors[i]);
+    return out;
+}
+
 // One --parallel run on the model type of the chosen device.
 template <class M, class Opts>
 void generate_parallel_on(const Opts& o, const std::vector<std::vector<token>>& prompts, const device_choice& dc) {
     auto m = open_model<M>(o.model, o.threads, dc);
-    decode::generate_options g;
-    g.max_tokens = o.n;
-    g.ignore_eos = o.ignore_eos;
-    if (auto eos = m->weights().file->get_int("tokenizer.ggml.eos_token_id")) g.eog.push_back(token(*eos));
-    if (!o.greedy) g.sampling = {o.temp, o.top_k, o.top_p, o.min_p, o.seed};
-    using any_decoder = std::variant<decode::ar, decode::low_confidence, decode::self_speculative>;
-    any_decoder dec = decode::ar{};
-    if (o.decoder == "diffusion") dec = decode::low_confidence{o.block, o.threshold, o.coreset_set ? o.coreset : -1};
-    if (o.decoder == "speculative") dec = decode::self_speculative{o.block, 1, o.threshold, o.coreset_set ? o.coreset : -1};
+    if (o.decoder != "ar") m->require_diffusion();  // before any prompt starts
     const std::int64_t limit = context_limit(*m);
     for (std::size_t i = 0; i < prompts.size(); ++i)
         if (std::int64_t(prompts[i].size()) >= limit)
             fail(o.ids_file, " line ", i + 1, ": ", prompts[i].size(), " ids; the model's context holds ", limit,
                  " tokens (prompt and answer)");
-    std::vector<std::vector<token>> out(prompts.size());
-    std::vector<decode::sequence_job<any_decoder>> jobs(prompts.size());
-    for (std::size_t i = 0; i < prompts.size(); ++i) {
-        jobs[i].prompt = prompts[i];
-        // Without -c: the prompt, -n and a block, but never past the model's context (the
-        // answer then ends there, stop_reason "context").
-        jobs[i].session_ctx = o.ctx > 0 ? o.ctx : std::min<std::int64_t>(std::int64_t(prompts[i].size()) + o.n + o.block, limit);
-        jobs[i].kv_f16 = o.kv == "f16";
-        jobs[i].o = &g;
-        jobs[i].dec = dec;
-        jobs[i].on_token = [&out, i](token t) { out[i].push_back(t); return true; };
-    }
     const auto t0 = std::chrono::steady_clock::now();
-    decode::generate_many(*m, std::span(jobs), o.parallel);
+    const std::vector<generated> out = generate_on_engine(*m, o, prompts, o.parallel);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::int64_t total = 0;
-    for (std::size_t i = 0; i < prompts.size(); ++i) {
-        std::printf("%s\n", join_ids(out[i]).c_str());
-        total += std::int64_t(out[i].size());
+    for (const auto& r : out) {
+        std::printf("%s\n", join_ids(r.tokens).c_str());
+        total += std::int64_t(r.tokens.size());
     }
     std::fflush(stdout);
-    for (const auto& j : jobs) std::fprintf(stderr, "%s\n", j.stats.json().c_str());
+    for (const auto& r : out) std::fprintf(stderr, "%s\n", r.stats.json().c_str());
     std::fprintf(stderr, "{\"sequences\": %zu, \"parallel\": %lld, \"tokens\": %lld, \"seconds\": %.6g, \"tokens_per_second\": %.6g}\n",
                  prompts.size(), o.parallel, (long long)total, secs, secs > 0 ? double(total) / secs : 0.0);
 }
@@ -208,25 +248,10 @@ inline void add_model_commands(CLI::App& app) {
                 const std::int64_t limit = context_limit(*m);
                 if (std::int64_t(ids.size()) >= limit)
                     fail("generate: the prompt has ", ids.size(), " ids; the model's context holds ", limit, " tokens (prompt and answer)");
-                // Without -c: the prompt, -n and a block, but never past the model's context (the
-                // answer then ends there, stop_reason "context").
-                const std::int64_t ctx = o->ctx > 0 ? o->ctx : std::min<std::int64_t>(std::int64_t(ids.size()) + o->n + o->block, limit);
-                auto s = m->new_session({.ctx = ctx, .kv_f16 = o->kv == "f16"});
-                decode::generate_options g;
-                g.max_tokens = o->n;
-                g.ignore_eos = o->ignore_eos;
-                if (auto eos = m->weights().file->get_int("tokenizer.ggml.eos_token_id")) g.eog.push_back(token(*eos));
-                if (!o->greedy) g.sampling = {o->temp, o->top_k, o->top_p, o->min_p, o->seed};
-                std::vector<token> out;
-                auto cb = [&](token t) { out.push_back(t); return true; };
-                decode::generate_stats st;
-                if (o->decoder == "ar") {
-                    st = decode::generate<decode::ar>(*m, s, ids, g, cb);
-                } else if (o->decoder == "diffusion") {
-                    st = decode::generate(*m, s, ids, g, cb, decode::low_confidence{o->block, o->threshold, o->coreset_set ? o->coreset : -1});
-                } else {
-                    st = decode::generate(*m, s, ids, g, cb, decode::self_speculative{o->block, 1, o->threshold, o->coreset_set ? o->coreset : -1});
-                }
+                if (o->decoder != "ar") m->require_diffusion();
+                const generated r = std::move(generate_on_engine(*m, *o, {ids}, 1).at(0));
+                const auto& out = r.tokens;
+                const auto& st = r.stats;
                 std::printf("%s\n", join_ids(out).c_str());
                 std::fflush(stdout);
                 std::fprintf(stderr, "%s\n", st.json().c_str());

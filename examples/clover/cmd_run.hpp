@@ -21,6 +21,7 @@
 
 #include <clover/chat/parse.hpp>
 #include <clover/chat/render.hpp>
+#include <clover/decode/engine.hpp>
 #include <clover/server/protocol.hpp>
 #include <clover/tokenizer/streaming_decoder.hpp>
 
@@ -99,6 +100,10 @@ std::unique_ptr<M> load_with_progress(const std::string& path, int threads, cons
     return m;
 }
 
+// `run --chat`'s prefix cache: at most this much memory (KV pages and GDN states), the least
+// recently used resume points going first; serve's --cache-ram default.
+inline constexpr int chat_cache_mib = 4096;
+
 inline std::atomic<int> run_interrupts{0};
 inline void run_on_sigint(int) {
     if (run_interrupts.fetch_add(1) >= 1) std::_Exit(130);  // the second Ctrl-C quits
@@ -139,7 +144,7 @@ inline void add_run_commands(CLI::App& app) {
     c->add_flag("--chat", o->chat, "interactive conversation on stdin (/reset clears it, /exit or EOF ends)");
     c->add_flag("--raw", o->raw, "send the prompt as plain text, without the chat format");
     c->add_flag("--no-cache", o->no_cache, "--chat: compute every turn's prompt from its start (by default a turn resumes from the "
-                                           "last state that the new prompt still begins with)");
+                                           "longest cached state that the new prompt still begins with, as a server's prefix cache does)");
     c->add_flag("-q,--quiet", o->quiet, "no progress bar");
     c->add_option("-t,--threads", o->threads, "threads (0: all)");
     c->add_option("--ctk,--cache-type-k", o->kv, "KV cache type: f16 (default) or f32")->check(CLI::IsMember({"f16", "f32"}));
@@ -177,65 +182,46 @@ inline void add_run_commands(CLI::App& app) {
 
             std::vector<chat::message> conv;
             if (!o->system.empty()) conv.push_back(chat::system_msg(o->system));
-            // The conversation's session: a turn resumes from the latest GDN checkpoint that the new
-            // prompt still begins with (KV rows are positional; the GDN state is not, so only a
-            // checkpoint can be returned to). Checkpoints go at the end of each user message and at
-            // the end of each answer: the Qwen template drops earlier turns' reasoning (and empty
-            // think blocks), so the rendering can change right after the assistant's header.
-            session conv_s = m->new_session({.ctx = o->ctx, .kv_f16 = o->kv == "f16"});
-            auto resume_point = [&](const std::vector<token>& ids) -> std::int64_t {
-                if (o->no_cache || !o->chat) return 0;
-                const auto& have = conv_s.tokens();
-                std::size_t same = 0;
-                while (same < have.size() && same + 1 < ids.size() && have[same] == ids[same]) ++same;
-                std::int64_t best = 0;
-                for (std::int64_t c : m->checkpoints(conv_s))
-                    if (c <= std::int64_t(same)) best = c;
-                return best;
-            };
+            // The engine a server runs (decode/engine.hpp), with one request at a time. --chat: its
+            // prefix cache is the conversation's memory, as a server's is a client's: a turn resumes
+            // from the longest cached cut that its prompt begins with — a cut goes after every
+            // message start, so the next turn resumes at the start of the previous answer, whose
+            // rendering the Qwen template changes (it drops past reasoning) — and computes only the
+            // rest; the summary says how many prompt tokens were cached, as a server's usage does.
+            // The cuts are the same with --no-cache, so both give the same answers.
+            decode::engine_options eo;
+            eo.kv_f16 = o->kv == "f16";
+            if (o->chat) {
+                if (auto b = tok.find_token("<|im_start|>")) eo.boundary = *b;
+                eo.boundary_gap = 1;  // every message start: a terminal's turns are often shorter than a server's 64-token gap
+                if (!o->no_cache) eo.cache_bytes = std::size_t(chat_cache_mib) << 20;
+            }
+            decode::engine<M> eng(*m, eo);
             // One answer: render, generate while streaming, summary on stderr; returns the text.
             auto answer = [&](bool& opened_think) {
                 chat::render_options ro;
                 ro.enable_thinking = !o->no_think;
                 std::string prompt_text = o->raw ? o->prompt : chat::render(fmt, conv, ro);
                 opened_think = !o->raw && chat::prompt_opens_think(prompt_text);
-                encode_options eo;
-                eo.parse_special = !o->raw;
-                const auto ids = tok.encode(prompt_text, eo);
-                // Where the last message ends (before the assistant's header): the next turn's
-                // rendering keeps everything up to here, whatever the template does to this answer.
-                std::size_t msg_end = 0;
-                if (o->chat && !o->no_cache) {
-                    auto ro2 = ro;
-                    ro2.add_generation_prompt = false;
-                    const auto head = tok.encode(chat::render(fmt, conv, ro2), eo);
-                    while (msg_end < head.size() && msg_end + 1 < ids.size() && head[msg_end] == ids[msg_end]) ++msg_end;
-                }
+                encode_options eo2;
+                eo2.parse_special = !o->raw;
+                auto ids = tok.encode(prompt_text, eo2);
                 if (ids.empty()) fail("run: the prompt is empty");
                 if (std::int64_t(ids.size()) >= o->ctx)
                     fail("run: the prompt has ", ids.size(), " tokens; the context holds ", o->ctx, " (raise -c/--ctx-size)");
-                auto gg = g;
-                gg.max_tokens = std::min<std::int64_t>(o->n, o->ctx - std::int64_t(ids.size()));
-                const std::int64_t reused = resume_point(ids);
-                session& s = conv_s;
-                m->restore(s, reused);
-                std::span<const token> todo(ids.data() + reused, ids.size() - std::size_t(reused));
-                double head_seconds = 0;
-                if (o->chat && !o->no_cache && std::int64_t(msg_end) > reused) {  // up to the message's end, then a checkpoint
-                    const auto t0 = std::chrono::steady_clock::now();
-                    std::vector<float> none;
-                    const std::size_t n = msg_end - std::size_t(reused);
-                    m->commit(s, todo.first(n), logits_rows::none, none);
-                    m->checkpoint(s);
-                    todo = todo.subspan(n);
-                    head_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-                }
+                const std::int64_t n_prompt = std::int64_t(ids.size());
+                decode::engine_request<> r;
+                r.prompt = std::move(ids);
+                r.gen = g;
+                r.gen.max_tokens = std::min<std::int64_t>(o->n, o->ctx - n_prompt);
+                r.dec = dec;
+                r.ctx = o->ctx;
                 streaming_decoder sd(tok);
                 std::string text;
                 if (opened_think) std::fputs("<think>\n", stdout);
                 run_interrupts = 0;
                 std::string bad_token;
-                std::function<bool(token)> cb = [&](token t) {
+                r.sink.on_token = [&](token t) {
                     if (t < 0 || std::size_t(t) >= tok.n_vocab()) {
                         bad_token = std::to_string(t);
                         return false;
@@ -246,19 +232,24 @@ inline void add_run_commands(CLI::App& app) {
                     std::fflush(stdout);
                     return run_interrupts.load() == 0;
                 };
-                auto st = std::visit([&](const auto& d) { return decode::generate(*m, s, todo, gg, cb, d); }, dec);
-                if (o->chat && !o->no_cache) m->checkpoint(s);
+                decode::engine_result res;
+                r.sink.on_end = [&](const decode::engine_result& e) { res = e; };
+                eng.submit(std::move(r));
+                eng.run_until_idle();
+                const decode::generate_stats& st = res.stats;
                 const std::string rest = sd.finish();
                 text += rest;
                 std::fwrite(rest.data(), 1, rest.size(), stdout);
                 std::fputs("\n", stdout);
                 std::fflush(stdout);
+                if (!res.error.empty()) fail("run: ", res.error);
                 if (!bad_token.empty())
                     fail("run: the model produced token id ", bad_token, ", which its tokenizer (", tok.n_vocab(), " tokens) has no text for");
-                std::fprintf(stderr, "[%lld tokens, %lld passes, TPF %.2f, %.1f tok/s | prompt %lld tokens (%lld reused) in %.2f s | %s, stop: %s]\n",
+                std::fprintf(stderr, "[%lld tokens, %lld passes, TPF %.2f, %.1f tok/s | prompt %lld tokens (%lld cached) in %.2f s | %s, stop: %s]\n",
                              (long long)st.tokens, (long long)st.passes(), st.tokens_per_pass(),
-                             st.seconds > 0 ? double(st.tokens) / st.seconds : 0.0, (long long)ids.size(), (long long)reused, head_seconds + st.prompt_seconds,
-                             server::decoder_name(dec).c_str(), st.stop_reason == "callback" ? "interrupted" : st.stop_reason.c_str());
+                             st.seconds > 0 ? double(st.tokens) / st.seconds : 0.0, (long long)n_prompt, (long long)st.cached_tokens,
+                             st.prompt_seconds, server::decoder_name(dec).c_str(),
+                             st.stop_reason == "callback" ? "interrupted" : st.stop_reason.c_str());
                 return text;
             };
             if (!o->chat) {

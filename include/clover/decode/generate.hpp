@@ -1,7 +1,8 @@
 #pragma once
 // The generation loops: generate_many runs a fixed set of sequences together (at most
 // max_active at a time, in job order) on a batch_runner; generate is the one-sequence case.
-// A server keeps a runner of its own and adds requests as they come (server/server.hpp).
+// The engine (engine.hpp: a queue, admission, the prefix cache) keeps a runner of its own and
+// adds requests as they come; servers and the clover command drive it.
 #include <cstdint>
 #include <functional>
 #include <span>

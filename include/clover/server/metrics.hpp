@@ -7,28 +7,15 @@
 #include <cstdint>
 #include <string>
 
-#include "clover/decode/prefix_cache.hpp"
-#include "clover/decode/runner.hpp"
+#include "clover/decode/engine.hpp"
 #include "clover/server/protocol.hpp"
 
 namespace clover::server {
 
-struct counters {
-    std::int64_t requests = 0;   // completion requests accepted into the queue
-    std::int64_t completed = 0;  // generations that ran to their end
-    std::int64_t cancelled = 0;  // generations stopped (or skipped) because the client went away
+// The engine's counters (requests, tokens, the prefix cache, KV pages, the batched steps) and
+// the HTTP side's.
+struct counters : decode::engine_stats {
     std::int64_t rejected = 0;   // 4xx / 503 answers to completion requests
-    std::int64_t queued = 0;     // waiting now
-    std::int64_t running = 0;    // generating now (at most options::parallel, batched together)
-    std::int64_t peak_running = 0;  // the most that ever generated together
-    std::int64_t prompt_tokens = 0;    // prompt tokens of finished generations (computed or cached)
-    std::int64_t cached_tokens = 0;    // of those, taken from the prefix cache
-    std::int64_t generated_tokens = 0; // tokens they produced
-    decode::prefix_cache_stats cache;  // the prefix cache (budget 0: off)
-    std::int64_t kv_pages = 0;         // KV pages in use (sessions and the cache), page_size tokens each
-    std::int64_t kv_page_bytes = 0;
-    decode::runner_stats steps;        // the batched passes (decode/runner.hpp)
-    std::int64_t cut_back = 0;         // finished requests whose block the progress rule halved
     bool busy = false;           // running > 0
 };
 

@@ -17,7 +17,7 @@
 #include "clover/chat/message.hpp"
 #include "clover/chat/parse.hpp"
 #include "clover/chat/render.hpp"
-#include "clover/decode/generate.hpp"
+#include "clover/decode/engine.hpp"
 #include "clover/server/json_budget.hpp"
 #include "clover/tokenizer/tokenizer.hpp"
 
@@ -86,7 +86,7 @@ struct options {
     bool enable_thinking = true;           // default of chat_template_kwargs.enable_thinking
 };
 
-using decoder_choice = std::variant<decode::ar, decode::low_confidence, decode::self_speculative>;
+using decoder_choice = decode::builtin_decoder;
 
 inline std::string decoder_name(const decoder_choice& d) {
     return std::visit([](const auto& x) { return std::string(std::decay_t<decltype(x)>::name); }, d);

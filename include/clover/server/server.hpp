@@ -12,12 +12,15 @@
 // for requests other than completions, so /health answers while completions wait. Before a
 // handler runs, every request passes the trust checks (trust.hpp: Host, Origin/CORS, API key)
 // and the body checks (no Content-Encoding, a length or chunks, at most max_body_bytes, counted
-// as it is read, JSON at most 512 levels deep). Generations run on a single model thread that
-// takes requests from a FIFO queue into a continuous batch (decode/runner.hpp): up to
-// `parallel` requests generate together, one batched pass per step, each with its own session,
-// decoder and sampler; a request's output is what it would be alone (greedy). A client that goes away is noticed (streaming: at the next write, tokens or
-// keep-alive comments while it waits; otherwise by looking at its socket while waiting) and its
-// generation is cancelled: the token callback returns false and the model moves on.
+// as it is read, JSON at most 512 levels deep). The server is HTTP <-> engine only: a completion
+// becomes a decode::engine_request (decode/engine.hpp), whose FIFO queue, admission, prefix cache
+// and continuous batch run on a single model thread (engine::serve): up to `parallel` requests
+// generate together, one batched pass per step, each with its own session, decoder and sampler;
+// a request's output is what it would be alone (greedy). The engine streams tokens into the
+// request's job, which its HTTP thread turns into the answer. A client that goes away is noticed
+// (streaming: at the next write, tokens or keep-alive comments while it waits; otherwise by
+// looking at its socket while waiting) and its request is abandoned: the engine drops it at the
+// next step and the model moves on.
 //
 // Every error answer is JSON made with error_handler_t::replace: a path, header or message with
 // bytes that are not UTF-8 cannot make a dump() throw.
@@ -30,14 +33,13 @@
 #include <algorithm>
 #include <deque>
 #include <filesystem>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "clover/decode/prefix_cache.hpp"
+#include "clover/decode/engine.hpp"
 #include "clover/server/answer_json.hpp"
 #include "clover/server/body_buffer.hpp"
 #include "clover/server/metrics.hpp"
@@ -78,8 +80,18 @@ public:
                  " rows (token_embd): they do not belong together");
         if (opt_.http_threads < 2) fail("serve: at least 2 HTTP threads are needed");
         if (opt_.cache_ram_mib < 0) fail("serve: --cache-ram must not be negative");
-        if (opt_.cache_ram_mib > 0) cache_.emplace(model_, opt_.kv_f16, std::size_t(opt_.cache_ram_mib) << 20);
-        if (auto b = tok_.find_token("<|im_start|>")) boundary_ = *b;
+        decode::engine_options eo;
+        eo.parallel = opt_.parallel;
+        eo.token_budget = opt_.batch_tokens;
+        // exact: a request's output does not depend on what else is in the batch (free on quantized
+        // weights; on F32/F16 ones batched products skip Eigen's blocking, whose sums depend on the rows).
+        // fair: a request's passes take no more rows over time than another's (runner.hpp).
+        eo.exact = eo.fair = true;
+        eo.kv_f16 = opt_.kv_f16;
+        eo.max_queue = opt_.max_queue;
+        eo.cache_bytes = std::size_t(opt_.cache_ram_mib) << 20;
+        if (auto b = tok_.find_token("<|im_start|>")) eo.boundary = *b;  // where chat messages start
+        engine_.emplace(model_, eo);
         slots_ = opt_.http_threads - std::max(1, opt_.http_threads / 4);
         policy_.api_key = opt_.api_key;
         policy_.more_keys = opt_.api_keys;
@@ -110,8 +122,8 @@ public:
             fail("serve: cannot listen on ", opt_.host, ":", opt_.port, " (address in use or not available)");
         }
         raise_backlog(port_);
-        stopping_ = false;
-        worker_ = std::thread([this] { worker_loop(); });
+        engine_->reopen();
+        worker_ = std::thread([this] { engine_->serve(); });
         listener_ = std::thread([this] { svr_->listen_after_bind(); });
         // httplib's stop() does nothing until the server runs: a stop() right after start()
         // would leave the listener blocked in accept() and join() hanging (seen in test_server
@@ -125,13 +137,7 @@ public:
     // Cancels what is queued and running, then stops listening. Idempotent.
     void stop() {
         if (!svr_) return;
-        {
-            std::lock_guard lk(mu_);
-            stopping_ = true;
-            for (auto& j : queue_) finish_job(*j, "the server is shutting down");
-            queue_.clear();
-        }
-        cv_.notify_all();
+        engine_->shutdown("the server is shutting down");
         if (worker_.joinable()) worker_.join();
         svr_->stop();
         if (listener_.joinable()) listener_.join();
@@ -139,14 +145,10 @@ public:
     }
 
     counters stats() const {
-        std::lock_guard lk(mu_);
-        counters c = counters_;
-        c.queued = std::int64_t(queue_.size());
-        c.running = running_;
-        c.busy = running_ > 0;
-        if (cache_) c.cache = cache_->stats();
-        c.kv_pages = model_.kv_pages_used(opt_.kv_f16 ? 1 : 0);
-        c.kv_page_bytes = std::int64_t(model_.page_bytes(opt_.kv_f16 ? 1 : 0));
+        counters c;
+        static_cast<decode::engine_stats&>(c) = engine_->stats();
+        c.rejected = rejected_;
+        c.busy = c.running > 0;
         return c;
     }
 
@@ -180,16 +182,22 @@ private:
 #endif
     }
 
+    // A completion's side of the engine: the tokens its sink has received so far, for the HTTP
+    // thread that answers it (the engine's model thread appends, the HTTP thread waits).
     struct job {
         request req;
+        std::shared_ptr<decode::request_handle> h;  // stop(): a stop string matched; abandon(): the client went away
         std::mutex mu;
         std::condition_variable cv;
-        std::vector<token> tokens;  // produced so far (worker appends)
+        std::vector<token> tokens;  // produced so far (the model thread appends)
         std::vector<decode::token_logprob> logprobs;  // tokens' (request.gen.logprobs >= 0), in step
         bool finished = false;
         std::string error;
         decode::generate_stats stats;
-        std::atomic<bool> cancel{false}, client_gone{false};
+        // The model thread's own: a token id without text, and the next token's log-probability
+        // until its on_token takes it.
+        std::string bad_token;
+        std::optional<decode::token_logprob> lp;
     };
 
     static void finish_job(job& j, const std::string& error) {
@@ -214,166 +222,49 @@ private:
         return j.finished;
     }
 
+    // The request goes to the engine (decode/engine.hpp), whose model thread streams its tokens
+    // into the job.
     std::shared_ptr<job> submit(request r) {
         auto j = std::make_shared<job>();
         j->req = std::move(r);
-        {
-            std::lock_guard lk(mu_);
-            if (stopping_) throw http_error(503, "the server is shutting down", {}, "server_error");
-            if (queue_.size() >= opt_.max_queue)
-                throw http_error(503, "the server is busy: " + std::to_string(queue_.size()) + " requests are waiting; retry later", {},
-                                 "server_error");
-            queue_.push_back(j);
-            ++counters_.requests;
+        decode::engine_request<decoder_choice> er;
+        er.prompt = j->req.prompt;
+        er.gen = j->req.gen;
+        er.dec = j->req.dec;
+        er.ctx = j->req.ctx;
+        er.cache_prompt = j->req.cache_prompt;
+        er.cache_scope = j->req.cache_scope;
+        er.sink.on_logprob = [j](const decode::token_logprob& lp) { j->lp = lp; };
+        er.sink.on_token = [j, n_vocab = tok_.n_vocab()](token t) {
+            if (t < 0 || std::size_t(t) >= n_vocab) {
+                j->bad_token = "the model produced token id " + std::to_string(t) + ", which its tokenizer (" + std::to_string(n_vocab) +
+                               " tokens) has no text for";
+                return false;
+            }
+            {
+                std::lock_guard lk(j->mu);
+                if (j->lp) j->logprobs.push_back(std::move(*j->lp));
+                j->lp.reset();
+                j->tokens.push_back(t);
+            }
+            j->cv.notify_all();
+            return true;
+        };
+        er.sink.on_end = [j](const decode::engine_result& res) {
+            {
+                std::lock_guard lk(j->mu);
+                j->stats = res.stats;
+            }
+            finish_job(*j, res.error.empty() ? j->bad_token : res.error);
+        };
+        try {
+            j->h = engine_->submit(std::move(er));
+        } catch (const decode::engine_refused& e) {
+            if (e.shutting_down) throw http_error(503, "the server is shutting down", {}, "server_error");
+            throw http_error(503, "the server is busy: " + std::to_string(e.queued) + " requests are waiting; retry later", {},
+                             "server_error");
         }
-        cv_.notify_all();
         return j;
-    }
-
-    // The model thread: continuous batching (decode/runner.hpp). Between steps it admits queued
-    // requests up to `parallel` running ones, then runs one batched pass over all of them; a
-    // request that ends (finished, stopped, cancelled, its client gone) leaves at once and frees
-    // its session.
-    void worker_loop() {
-        struct running {
-            std::shared_ptr<job> j;
-            decode::sequence_job<decoder_choice> sj;
-            std::optional<session> s;          // from the prefix cache (or fresh)
-            std::vector<std::int64_t> cuts;    // decode::prompt_cuts of the prompt
-            std::string error;
-            std::optional<decode::token_logprob> lp;  // the next token's, until on_token takes it
-        };
-        std::list<running> active;  // stable addresses: the runner holds &sj
-        // exact: a request's output does not depend on what else is in the batch (free on quantized
-        // weights; on F32/F16 ones batched products skip Eigen's blocking, whose sums depend on the rows).
-        // fair: a request's passes take no more rows over time than another's (runner.hpp).
-        decode::batch_runner<Model, decoder_choice> run(model_, opt_.batch_tokens, true, true);
-        auto end_job = [&](std::list<running>::iterator it, const std::string& step_error) {
-            job& j = *it->j;
-            const std::string& error = step_error.empty() ? it->error : step_error;
-            {
-                std::lock_guard lk(mu_);
-                if (j.client_gone) ++counters_.cancelled;
-                else ++counters_.completed;
-                // In the same critical section as the count above: a client that has its answer
-                // must not read `completed` counted and itself still `running`. Every job in
-                // `active` was counted when it was admitted.
-                --running_;
-                counters_.prompt_tokens += it->sj.stats.prompt_tokens;
-                counters_.cached_tokens += it->sj.stats.cached_tokens;
-                counters_.generated_tokens += it->sj.stats.tokens;
-                counters_.cut_back += it->sj.stats.block_cuts > 0;
-            }
-
-            {
-                std::lock_guard lk(j.mu);
-                j.stats = it->sj.stats;
-            }
-            finish_job(j, error);
-            // What the prompt computed becomes a prefix for later requests — also when the
-            // client went away half way (the checkpoints made are right). Not after a failed
-            // pass: its state is unknown. The session is done, so its GDN checkpoints move into
-            // the cache rather than being copied (the next request is admitted by this thread,
-            // after this: a copy of fresh memory cost its TTFT ~0.2 s on the 8-layer file).
-            if (cache_ && it->s && step_error.empty() && j.req.cache_prompt) {
-                try {
-                    cache_->insert_finished(*it->s, std::int64_t(j.req.prompt.size()), j.req.cache_scope);
-                } catch (const std::exception&) {  // out of memory copying GDN states: the answer stands, it is just not kept
-                }
-            }
-            active.erase(it);
-        };
-        for (;;) {
-            {
-                std::unique_lock lk(mu_);
-                cv_.wait(lk, [&] { return stopping_ || !queue_.empty() || !active.empty(); });
-                if (stopping_) break;
-                while (!queue_.empty() && std::int64_t(active.size()) < opt_.parallel) {
-                    std::shared_ptr<job> j = queue_.front();
-                    queue_.pop_front();
-                    if (j->client_gone) {
-                        ++counters_.cancelled;
-                        finish_job(*j, "cancelled");
-                        continue;
-                    }
-                    running& r = active.emplace_back();
-                    r.j = j;
-                    auto& sj = r.sj;
-                    sj.session_ctx = j->req.ctx;
-                    sj.kv_f16 = opt_.kv_f16;
-                    sj.prompt = j->req.prompt;
-                    // Chunk ends at fixed places (every 512 tokens, message starts), with or
-                    // without a cache, so that a request's answer never depends on what was cached.
-                    r.cuts = decode::prompt_cuts(j->req.prompt, session_options{}.batch, boundary_);
-                    sj.cuts = r.cuts;
-                    sj.checkpoint_cuts = cache_.has_value() && j->req.cache_prompt;
-                    sj.o = &j->req.gen;
-                    sj.dec = j->req.dec;
-                    sj.cancelled = [this, jp = j.get()] { return jp->cancel || jp->client_gone || stopping_; };
-                    if (j->req.gen.logprobs >= 0) sj.on_logprob = [rp = &r](const decode::token_logprob& lp) { rp->lp = lp; };
-                    sj.on_token = [this, rp = &r](token t) {
-                        job& jj = *rp->j;
-                        if (jj.cancel || stopping_) return false;
-                        if (t < 0 || std::size_t(t) >= tok_.n_vocab()) {
-                            rp->error = "the model produced token id " + std::to_string(t) + ", which its tokenizer (" +
-                                        std::to_string(tok_.n_vocab()) + " tokens) has no text for";
-                            return false;
-                        }
-                        {
-                            std::lock_guard lk(jj.mu);
-                            if (rp->lp) jj.logprobs.push_back(std::move(*rp->lp));
-                            rp->lp.reset();
-                            jj.tokens.push_back(t);
-                        }
-                        jj.cv.notify_all();
-                        return true;
-                    };
-                    try {
-                        if (cache_ && j->req.cache_prompt) {
-                            const session_options so{.ctx = j->req.ctx, .kv_f16 = opt_.kv_f16};
-                            r.s.emplace(cache_->open(so, j->req.prompt, r.cuts, std::int64_t(j->req.prompt.size()) - 1, sj.cached,
-                                                     j->req.cache_scope));
-                            sj.s = &*r.s;
-                        }
-                        run.add(sj);
-                    } catch (const std::exception& e) {
-                        active.pop_back();
-                        ++counters_.completed;
-                        lk.unlock();
-                        finish_job(*j, e.what());
-                        lk.lock();
-                    }
-                }
-                running_ = std::int64_t(active.size());
-                counters_.peak_running = std::max(counters_.peak_running, running_);
-            }
-            if (active.empty()) continue;
-            std::vector<decode::sequence_job<decoder_choice>*> ended;
-            std::string step_error;
-            try {
-                ended = run.step();
-            } catch (const std::exception& e) {  // the runner ended every job of the step
-                step_error = e.what();
-            } catch (...) {
-                step_error = "unknown error";
-            }
-            {
-                std::lock_guard lk(mu_);
-                counters_.steps = run.stats();
-            }
-            if (!step_error.empty()) {
-                while (!active.empty()) end_job(active.begin(), step_error);
-            } else {
-                for (auto* sj : ended)
-                    for (auto it = active.begin(); it != active.end(); ++it)
-                        if (&it->sj == sj) {
-                            end_job(it, {});
-                            break;
-                        }
-            }
-        }
-        // Stopping: the runner's sessions close with it; every running request is told.
-        while (!active.empty()) end_job(active.begin(), "the server is shutting down");
     }
 
     static std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -595,8 +486,7 @@ private:
     }
 
     void rejected() {
-        std::lock_guard lk(mu_);
-        ++counters_.rejected;
+        ++rejected_;
     }
 
     // The prefix cache's scope of a request (prefix_cache.hpp): its API key's (--cache-scope key)
@@ -642,10 +532,9 @@ private:
                 got.clear();
                 done = wait(*j, seen, got, std::chrono::milliseconds(100), &lps);
                 for (token t : got) rb.push(t);
-                if (rb.stopped_by_string()) j->cancel = true;
+                if (rb.stopped_by_string()) j->h->stop();
                 if (!done && gated_server::client_gone()) {  // nobody will read the answer: stop making it
-                    j->client_gone = true;
-                    j->cancel = true;
+                    j->h->abandon();
                     reply_error(res, 400, "the client went away");
                     return;
                 }
@@ -693,21 +582,19 @@ private:
                 try {
                     return stream_step(*st, chunk, chat_api, sink);
                 } catch (const std::exception& e) {
-                    st->j->client_gone = true;
-                    st->j->cancel = true;
+                    st->j->h->abandon();
                     const std::string ev = sse_data(error_body(500, std::string("streaming failed: ") + e.what())) + sse_done();
                     sink.write(ev.data(), ev.size());
                     sink.done();
                     return true;
                 } catch (...) {
-                    st->j->cancel = true;
+                    st->j->h->stop();
                     return false;
                 }
             },
             [st](bool success) {
                 if (!success) {
-                    st->j->client_gone = true;
-                    st->j->cancel = true;
+                    st->j->h->abandon();
                 }
             });
     }
@@ -716,8 +603,7 @@ private:
     bool stream_step(State& state, const Chunk& chunk, bool chat_api, httplib::DataSink& sink) {
         State* st = &state;
         auto gone = [&] {
-            st->j->client_gone = true;
-            st->j->cancel = true;
+            st->j->h->abandon();
             return false;
         };
         auto put = [&](const std::string& s) {
@@ -743,7 +629,7 @@ private:
             for (auto& d : st->rb.push(got[i]))
                 if (!put(sse_data(chunk(std::move(d), nullptr, lp())))) return gone();
         }
-        if (st->rb.stopped_by_string()) st->j->cancel = true;
+        if (st->rb.stopped_by_string()) st->j->h->stop();
         if (!done) {
             if (got.empty() && std::chrono::steady_clock::now() - st->last_write > std::chrono::milliseconds(250))
                 if (!put(sse_comment("waiting"))) return gone();
@@ -778,14 +664,9 @@ private:
     std::int64_t created_ = std::int64_t(std::time(nullptr));
     std::atomic<std::int64_t> next_id_{1};
 
-    mutable std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<std::shared_ptr<job>> queue_;
-    std::int64_t running_ = 0;  // generations in the runner now
-    std::atomic<bool> stopping_{false};
-    counters counters_;
-    std::optional<decode::prefix_cache<Model>> cache_;  // used by the model thread only (stats: any)
-    token boundary_ = -1;                               // <|im_start|>: where chat messages start
+    // The queue, admission, the prefix cache and the batch runner; its model thread is worker_.
+    std::optional<decode::engine<Model, decoder_choice>> engine_;
+    std::atomic<std::int64_t> rejected_{0};  // 4xx / 503 answers to completion requests
 
     access_policy policy_;
     int slots_ = 1;
