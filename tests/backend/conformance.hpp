@@ -498,6 +498,11 @@ outputs run_scalar(const row<B>& rw, const case_& c, weight_store& ws) {
 
 // ---- comparing runs ------------------------------------------------------------------------
 
+// Bit-for-bit equality. An empty output (a segment with no rows) has a null data(), and memcmp on
+// a null pointer is undefined even for 0 bytes (UBSan stops there).
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
 inline float rel_error(const std::vector<float>& a, const std::vector<float>& b) {
     float m = 0, d = 0;
     for (std::size_t i = 0; i < a.size(); ++i) {
@@ -523,7 +528,7 @@ inline void compare(const outputs& got, const outputs& want, dtype t, cmp how, c
             REQUIRE(g != it->second.by_seg.end());
             REQUIRE(g->second.size() == wv.size());
             if (tol == 0.f) {
-                CHECK_MESSAGE(std::memcmp(g->second.data(), wv.data(), wv.size() * 4) == 0, what, ": ", kind_name(w.k),
+                CHECK_MESSAGE(same_bits(g->second, wv), what, ": ", kind_name(w.k),
                               " output differs (error ", rel_error(g->second, wv), ")");
                 continue;
             }
@@ -543,7 +548,7 @@ inline void compare_alone(const outputs& alone, const outputs& batched, int seg,
         const auto& av = a.by_seg.at(seg);
         const auto& bv = it->second.by_seg.at(seg);
         REQUIRE(av.size() == bv.size());
-        CHECK_MESSAGE(std::memcmp(av.data(), bv.data(), av.size() * 4) == 0, what, ": segment ", seg,
+        CHECK_MESSAGE(same_bits(av, bv), what, ": segment ", seg,
                       " alone differs from the batch (error ", rel_error(av, bv), ")");
     }
 }
