@@ -74,8 +74,10 @@ struct self_speculative {
 /// step(context&, logits, next) takes the logits of the sequence's last pass (first: the causal
 /// distribution after the prompt, [n_vocab]; then [next.logits, n_vocab] of the pass it asked
 /// for), hands decided tokens to context::emit, and either fills `next` and returns true or
-/// returns false when the sequence is done (examples/custom_decoder.cpp). A policy that sets
-/// `uses_preview = true` is refused up front on files that cannot run preview passes.
+/// returns false when the sequence is done (examples/until_unsure.hpp). A policy that sets
+/// `uses_preview = true` is refused up front on files that cannot run preview passes. Any such
+/// policy runs batched beside others as an alternative of a std::variant of policies (the
+/// runner's Decoder); one that lacks a piece fails there with a static_assert naming it.
 template <class D, class Model>
 concept decoder_policy_for = requires(const D d, context<Model>& c, const float* lg, step_request& r) {
     { D::name } -> std::convertible_to<const char*>;

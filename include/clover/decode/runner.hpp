@@ -18,11 +18,13 @@
 // step after one it was left out of, so nothing starves.
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -55,6 +57,11 @@ struct sequence_job {
 };
 
 namespace detail {
+template <class D>
+inline constexpr bool is_policy_variant = false;
+template <class... P>
+inline constexpr bool is_policy_variant<std::variant<P...>> = true;
+
 template <class Decoder>
 std::int64_t block_of(const Decoder& d) {
     if constexpr (requires { d.block; }) return d.block;
@@ -62,8 +69,81 @@ std::int64_t block_of(const Decoder& d) {
 }
 template <class Decoder, class F>
 decltype(auto) visit_policy(const Decoder& d, F&& f) {
-    if constexpr (requires { d.name; }) return f(d);
-    else return std::visit(f, d);  // a std::variant of policies
+    if constexpr (is_policy_variant<Decoder>) return std::visit(f, d);
+    else return f(d);
+}
+
+// What a policy needs to join a batch (decoder_policy_for, in pieces), so that a policy missing
+// one piece is told which.
+template <class P>
+concept named_policy = requires {
+    { P::name } -> std::convertible_to<const char*>;
+};
+template <class P, class Model>
+concept has_stepper = requires { typename P::template stepper<Model>; };
+template <class P, class Model>
+concept stepper_from_policy = has_stepper<P, Model> && std::constructible_from<typename P::template stepper<Model>, const P&>;
+template <class P, class Model>
+concept stepper_steps = stepper_from_policy<P, Model> &&
+    requires(typename P::template stepper<Model>& x, context<Model>& c, const float* lg, step_request& r) {
+        { x.step(c, lg, r) } -> std::same_as<bool>;
+    };
+template <class P, class Model>
+concept batchable_policy = named_policy<P> && stepper_steps<P, Model>;
+
+// Stands in for a stepper that cannot be built, so that the static_asserts below are the only
+// errors rather than the first of a cascade.
+struct unbatchable_stepper {
+    explicit unbatchable_stepper(const auto&) {}
+    bool step(const auto&, const float*, step_request&) { return false; }
+};
+
+// The stepper of policy P over Model.
+template <class P, class Model, bool = batchable_policy<P, Model>>
+struct stepper_of {
+    using type = typename P::template stepper<Model>;
+};
+template <class P, class Model>
+struct stepper_of<P, Model, false> {
+    static_assert(named_policy<P>,
+                  "clover: a decoder policy needs a name: static constexpr const char* name = \"...\";");
+    static_assert(has_stepper<P, Model>,
+                  "clover: a decoder policy needs a per-sequence step machine: "
+                  "template <class Model> struct stepper { ... };");
+    static_assert(!has_stepper<P, Model> || stepper_from_policy<P, Model>,
+                  "clover: a decoder policy's stepper<Model> needs a constructor from the policy: "
+                  "explicit stepper(const Policy&)");
+    static_assert(!stepper_from_policy<P, Model> || stepper_steps<P, Model>,
+                  "clover: a decoder policy's stepper<Model> needs "
+                  "bool step(clover::decode::context<Model>&, const float* logits, clover::decode::step_request& next)");
+    using type = unbatchable_stepper;
+};
+
+// The steppers a runner holds: one policy's, or for a std::variant of policies a variant of
+// theirs, alternative for alternative (any policy with a stepper joins a batch, a user's too).
+template <class Decoder, class Model>
+struct stepper_set {
+    using type = typename stepper_of<Decoder, Model>::type;
+};
+template <class... P, class Model>
+struct stepper_set<std::variant<P...>, Model> {
+    using type = std::variant<typename stepper_of<P, Model>::type...>;
+};
+
+// Builds d's stepper in `out`, in place (a stepper need not be movable); for a variant, the
+// stepper of its I-th alternative or a later one's. By index, not by type: two alternatives may
+// share a stepper type.
+template <std::size_t I = 0, class Decoder, class Out>
+void make_stepper(Out& out, const Decoder& d) {
+    if constexpr (!is_policy_variant<Decoder>) {
+        out.emplace(d);
+    } else if (d.index() == I) {
+        out.emplace(std::in_place_index<I>, std::get<I>(d));
+    } else if constexpr (I + 1 < std::variant_size_v<Decoder>) {
+        make_stepper<I + 1>(out, d);
+    } else {
+        fail("generate: the decoder variant holds no policy (valueless after an exception)");
+    }
 }
 }  // namespace detail
 
@@ -76,20 +156,9 @@ struct runner_stats {
 template <class Model, class Decoder>
 class batch_runner {
     using clk = std::chrono::steady_clock;
-    static auto stepper_of(const Decoder& d) {
-        if constexpr (requires { typename Decoder::template stepper<Model>; }) {
-            return typename Decoder::template stepper<Model>(d);
-        } else {
-            return std::visit([](const auto& p) {
-                using P = std::decay_t<decltype(p)>;
-                return std::variant<typename decode::ar::template stepper<Model>,
-                                    typename decode::low_confidence::template stepper<Model>,
-                                    typename decode::self_speculative::template stepper<Model>>(
-                    typename P::template stepper<Model>(p));
-            }, d);
-        }
-    }
-    using stepper_t = decltype(stepper_of(std::declval<const Decoder&>()));
+    // Every policy Decoder can hold gets its stepper type here: a user's policy joins a batch
+    // beside the built-in ones by being an alternative of Decoder.
+    using stepper_t = typename detail::stepper_set<Decoder, Model>::type;
 
     struct live {
         sequence_job<Decoder>* job;
@@ -155,7 +224,7 @@ public:
         L->smp.emplace(j.o->sampling);
         L->out.emplace(*j.o, j.on_token, j.stats, &j.on_logprob);
         L->cx.emplace(context<Model>{m_, *j.s, *j.o, *L->smp, *L->out, j.stats});
-        L->stp.emplace(stepper_of(j.dec));
+        detail::make_stepper(L->stp, j.dec);
         L->t0 = clk::now();
         live_.push_back(std::move(L));
     }
@@ -314,8 +383,8 @@ private:
             ++st.verify_passes;
         }
         auto& stp = *L.stp;
-        if constexpr (requires { stp.step(*L.cx, lg, L.req); }) return stp.step(*L.cx, lg, L.req);
-        else return std::visit([&](auto& x) { return x.step(*L.cx, lg, L.req); }, stp);
+        if constexpr (detail::is_policy_variant<Decoder>) return std::visit([&](auto& x) { return x.step(*L.cx, lg, L.req); }, stp);
+        else return stp.step(*L.cx, lg, L.req);
     }
 
     sequence_job<Decoder>* finish(live& L) {
