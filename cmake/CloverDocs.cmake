@@ -8,7 +8,7 @@ if(NOT DOXYGEN_EXECUTABLE)
     return()
 endif()
 set(CLOVER_DOCS_OUT "${PROJECT_BINARY_DIR}/docs/api")
-set(clover_docs_headers clover.hpp model/open.hpp model/model.hpp model/session.hpp decode/decoders.hpp decode/generate.hpp
+set(clover_docs_headers clover.hpp model/open.hpp model/model.hpp model/stage.hpp model/session.hpp decode/decoders.hpp decode/generate.hpp
     decode/engine.hpp)
 set(CLOVER_DOCS_INPUT "")
 foreach(h IN LISTS clover_docs_headers)

@@ -174,4 +174,45 @@ CUDA_TEST_CASE("synthesized full-width model (4 layers, 32 experts, Q8_0): CUDA 
     CHECK(rel(lg, lc) < 1e-1f);
 }
 
+// Issue 40, item 1 on the device: the layers split into stages (backend::cuda's write_rows and
+// the read-back of h), and a CUDA stage feeding a CPU stage (stages across devices in one process).
+CUDA_TEST_CASE("stages on CUDA: a split model's logits equal the whole model's bit for bit; a CUDA stage feeds a CPU one") {
+    auto sp = testutil::odd_spec();
+    sp.arch = "clover_moe";
+    const auto f = load(testutil::synth_file("cu_clover_odd.gguf", sp));
+    // The CUDA models first: the file is then never rearranged for the CPU's kernels.
+    cuda_model whole(f), g0(f, stage_range{0, 2}), g1(f, stage_range{2, 5});
+    cpu_model c1(f, stage_range{2, 5}, {2}), cw(f, {2});
+    const session_options o{.ctx = 64};
+    session sw = whole.new_session(o), s0 = g0.new_session(o), s1 = g1.new_session(o), sc1 = c1.new_session(o),
+            scw = cw.new_session(o);
+    auto pass = [&](pass_kind kind, const std::vector<token>& t, std::int64_t coreset = -1) {
+        const auto n = std::int64_t(t.size());
+        const pass_request rw{&sw, kind, t, n, coreset}, r0{&s0, kind, t, n, coreset}, r1{&s1, kind, t, n, coreset},
+            rc{&sc1, kind, t, n, coreset}, rcw{&scw, kind, t, n, coreset};
+        std::vector<float> want, h, got, mixed, cpu_want;
+        whole.run(std::span(&rw, 1), want, true);
+        g0.run_stage(std::span(&r0, 1), nullptr, h, true);
+        REQUIRE(std::int64_t(h.size()) == n * whole.hp().n_embd);
+        g1.run_stage(std::span(&r1, 1), h.data(), got, true);
+        c1.run_stage(std::span(&rc, 1), h.data(), mixed, true);
+        cw.run(std::span(&rcw, 1), cpu_want, true);
+        REQUIRE(got.size() == want.size());
+        CHECK(std::memcmp(got.data(), want.data(), want.size() * 4) == 0);
+        CHECK(rel(mixed, cpu_want) < 1e-4f);
+    };
+    pass(pass_kind::commit, ids(9, 290, 11));
+    for (std::uint64_t i = 0; i < 4; ++i) pass(pass_kind::commit, ids(1, 290, 12 + i));  // later ones replayed as graphs
+    auto block = ids(4, 290, 20);
+    block[1] = token(whole.hp().mask_token_id);
+    pass(pass_kind::preview, block, 2);
+    pass(pass_kind::verify, ids(4, 290, 21));
+    whole.rollback(sw, 2);
+    g0.rollback(s0, 2);
+    g1.rollback(s1, 2);
+    c1.rollback(sc1, 2);
+    cw.rollback(scw, 2);
+    pass(pass_kind::commit, ids(1, 290, 22));
+}
+
 }  // namespace cuda_test_model

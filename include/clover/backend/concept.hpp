@@ -27,8 +27,10 @@
 namespace clover::backend {
 
 // What one layer keeps per sequence; the model hands the list to the backend's state pool.
+// kind::none: the layer runs elsewhere (another stage of a model split by layers): the pool keeps
+// nothing for it, and layer indices stay those of the whole model.
 struct layer_state_spec {
-    enum class kind : std::uint8_t { attention, gdn } k = kind::attention;
+    enum class kind : std::uint8_t { attention, gdn, none } k = kind::attention;
     std::int64_t kv_width = 0;    // attention: n_head_kv * head_dim (K and V each)
     std::int64_t gdn_heads = 0;   // GDN: V heads
     std::int64_t gdn_dk = 0, gdn_dv = 0;
@@ -115,7 +117,8 @@ concept backend_for = requires(B& be, typename B::context& cx, typename B::state
                                const attention_shape& as, const attention_norms& an, const gdn_shape& gs,
                                const gdn_params& gp, const moe_shape& ms, const moe_params& mp,
                                std::span<const layer_state_spec> spec, const state_options& so,
-                               std::span<const std::int64_t> layers, float* host, float eps, std::int64_t layer,
+                               std::span<const std::int64_t> layers, float* host, const float* rows_in, float eps,
+                               std::int64_t layer,
                                seq_id seq, std::int64_t n) {
     typename B::options;
     { B::name } -> std::convertible_to<const char*>;
@@ -171,6 +174,10 @@ concept backend_for = requires(B& be, typename B::context& cx, typename B::state
     // ---- primitives (one call each per layer and pass) ----------------------------------------
     // h[n, E] = token_embd rows of the batch's tokens (architecture.md §2.1).
     be.embed(cx, bt, w, t);
+    // t[n, t.cols] = host rows [n, t.cols] f32: a stage that does not embed (a model split by
+    // layers) starts its pass here with the previous stage's residual rows h. Like embed, the
+    // first primitive of its pass; the host memory may be reused once the call returns.
+    be.write_rows(cx, bt, rows_in, t);
     // out[n, E] = RMSNorm(x) · w with epsilon eps (§2.1: GGUF norm weights include the +1).
     be.rms_norm(cx, t, w, t, eps);
     // h += y; out = RMSNorm(h) · w — the residual add fused with the next norm.
@@ -208,7 +215,9 @@ concept backend_for = requires(B& be, typename B::context& cx, typename B::state
     be.moe_ffn(cx, bt, ms, mp, t, r, t);
     // logits[n_logits, V] = x[rows asked for] · outputᵀ (the rows in bt.logits_rows() order).
     be.lm_head(cx, bt, w, t, t);
-    // The one read-back of a pass: the logits rows into host memory [n_logits, V].
+    // The one read-back of a pass: all of t into host memory [t.rows, t.cols] — the logits rows
+    // [n_logits, V], or, on a stage before the last of a model split by layers, the residual
+    // rows h [n, E] after its last layer's add (every norm queued before has run).
     be.read_logits(cx, t, host);
 };
 // clang-format on

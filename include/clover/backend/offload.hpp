@@ -137,6 +137,7 @@ public:
 
     // ---- primitives: Device's, but for the host layers' MoE feed-forward ----
     void embed(context& cx, const batch& bt, const weight& tok_embd, tensor h) { dev_.embed(cx, bt, tok_embd, h); }
+    void write_rows(context& cx, const batch& bt, const float* host, tensor t) { dev_.write_rows(cx, bt, host, t); }
     void rms_norm(context& cx, tensor x, const weight& w, tensor out, float eps) { dev_.rms_norm(cx, x, w, out, eps); }
     void add_rms_norm(context& cx, tensor h, tensor y, const weight& w, tensor out, float eps) {
         dev_.add_rms_norm(cx, h, y, w, out, eps);

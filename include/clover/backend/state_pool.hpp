@@ -77,9 +77,11 @@ public:
             if (spec_[l].k == layer_state_spec::kind::attention) {
                 slot_of_[l] = std::int32_t(kv_layers_.size());
                 kv_layers_.push_back(std::int32_t(l));
-            } else {
+            } else if (spec_[l].k == layer_state_spec::kind::gdn) {
                 slot_of_[l] = std::int32_t(gdn_layers_.size());
                 gdn_layers_.push_back(std::int32_t(l));
+            } else {
+                slot_of_[l] = -1;  // another stage's layer: no pages, no slot
             }
         }
         max_pages_ = o.token_budget > 0 ? (o.token_budget + o.page - 1) / o.page : -1;
@@ -118,8 +120,9 @@ public:
         }
         auto s = std::make_unique<sequence>();
         s->cap = capacity;
-        if (!kv_layers_.empty())
-            for (std::int64_t p = 0; p < need; ++p) s->pages.push_back(take_page());
+        // A pool without attention layers (a stage of a split model) keeps page tables all the
+        // same, of pages without bytes, so prefix sharing works on every stage alike.
+        for (std::int64_t p = 0; p < need; ++p) s->pages.push_back(take_page());
         s->gdn.resize(gdn_layers_.size());
         for (std::size_t g = 0; g < gdn_layers_.size(); ++g) {
             const auto& sp = spec_[std::size_t(gdn_layers_[g])];
@@ -285,11 +288,11 @@ public:
     seq_id open_from(std::int64_t capacity, std::span<const std::int32_t> pages, std::int64_t pos, const saved_state& st) {
         const std::int64_t P = opt_.page;
         if (pos < 1 || pos >= capacity) fail("state pool: a shared prefix of ", pos, " tokens does not fit a sequence of ", capacity);
-        if (kv_layers_.empty() ? !pages.empty() : std::int64_t(pages.size()) != (pos + P - 1) / P)
+        if (std::int64_t(pages.size()) != (pos + P - 1) / P)
             fail("state pool: a prefix of ", pos, " tokens needs ", (pos + P - 1) / P, " pages, ", pages.size(), " were given");
         if (!gdn_layers_.empty() && (!st || st->pos != pos || st->S.size() != gdn_layers_.size()))
             fail("state pool: the saved GDN states are not those of position ", pos);
-        const std::int64_t shared = kv_layers_.empty() ? 0 : pos / P;
+        const std::int64_t shared = pos / P;
         const std::int64_t need = (capacity + P - 1) / P - shared;
         std::lock_guard lk(*mu_);
         const std::int64_t in_use = n_pages_ - std::int64_t(free_pages_.size());
@@ -298,15 +301,13 @@ public:
                  max_pages_ - in_use, " of ", max_pages_, " are free (raise the token budget)");
         auto s = std::make_unique<sequence>();
         s->cap = capacity;
-        if (!kv_layers_.empty()) {
-            for (std::int64_t p = 0; p < shared; ++p) {
-                ++refs(pages[std::size_t(p)]);
-                s->pages.push_back(pages[std::size_t(p)]);
-            }
-            s->shared = shared;
-            while (std::int64_t(s->pages.size()) < shared + need) s->pages.push_back(take_page());
-            if (pos % P) copy_page(s->pages[std::size_t(shared)], pages[std::size_t(shared)], pos % P);
+        for (std::int64_t p = 0; p < shared; ++p) {
+            ++refs(pages[std::size_t(p)]);
+            s->pages.push_back(pages[std::size_t(p)]);
         }
+        s->shared = shared;
+        while (std::int64_t(s->pages.size()) < shared + need) s->pages.push_back(take_page());
+        if (pos % P) copy_page(s->pages[std::size_t(shared)], pages[std::size_t(shared)], pos % P);
         s->gdn.resize(gdn_layers_.size());
         for (std::size_t g = 0; g < gdn_layers_.size(); ++g) {
             s->gdn[g].S = st->S[g];
@@ -341,7 +342,12 @@ public:
     }
 
     // ---- what primitives read and write ----
-    std::int32_t slot(std::int64_t layer) const { return slot_of_[std::size_t(layer)]; }
+    std::int32_t slot(std::int64_t layer) const {
+        if (layer < 0 || std::size_t(layer) >= slot_of_.size() || slot_of_[std::size_t(layer)] < 0)
+            fail("state pool: layer ", layer, " keeps no state here (another stage's layer)");
+        return slot_of_[std::size_t(layer)];
+    }
+    std::int64_t n_gdn_layers() const { return std::int64_t(gdn_layers_.size()); }  // layers with a GDN slot
     gdn_slot& gdn(std::int64_t layer, seq_id id) { return get(id).gdn[std::size_t(slot(layer))]; }
     // K (kv = 0) or V (kv = 1) row of position `pos` of attention layer `layer`: F32 or F16 bits.
     void* kv(std::int64_t layer, seq_id id, std::int64_t pos, int which) {
@@ -445,7 +451,7 @@ private:
         std::int64_t need = 0;
         for (std::int64_t p = first; p < s.shared; ++p) need += refs(s.pages[std::size_t(p)]) > 1;
         const std::int64_t in_use = n_pages_ - std::int64_t(free_pages_.size());
-        if (max_pages_ >= 0 && in_use + need > max_pages_)
+        if (!kv_layers_.empty() && max_pages_ >= 0 && in_use + need > max_pages_)
             fail("state pool: out of KV memory: going back into a shared prefix needs ", need, " private pages, ",
                  max_pages_ - in_use, " are free (raise the token budget)");
         for (std::int64_t p = first; p < s.shared; ++p) {

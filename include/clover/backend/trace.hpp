@@ -76,6 +76,10 @@ public:
         rec("embed", -1, h.rows, h.cols);
         in_.embed(cx, bt, w, h);
     }
+    void write_rows(context& cx, const batch& bt, const float* host, tensor t) {
+        rec("write_rows", -1, t.rows, t.cols);
+        in_.write_rows(cx, bt, host, t);
+    }
     void rms_norm(context& cx, tensor x, const weight& w, tensor out, float eps) {
         rec("rms_norm", -1, x.rows, x.cols);
         in_.rms_norm(cx, x, w, out, eps);

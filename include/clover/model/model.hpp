@@ -34,6 +34,7 @@
 #include "clover/layers/sparse_moe.hpp"
 #include "clover/model/open.hpp"
 #include "clover/model/session.hpp"
+#include "clover/model/stage.hpp"
 
 namespace clover {
 
@@ -60,7 +61,8 @@ struct pass_request {
 /// A model of the Qwen3.5/3.6 hybrid MoE family (qwen35moe) or Clover (clover_moe): the weights
 /// of one file, bound to variant V's dimensions (static, or from the file) and run by Backend.
 /// Sequences are clover::session handles into the backend's state pool; one pass (run) batches
-/// segments of many of them.
+/// segments of many of them. Made with a stage_range, the model is one stage of a model split by
+/// layers: it maps, keeps state for and runs only those layers (run_stage).
 
 template <variant V, class Backend = backend::cpu>
 class model : private detail::sequence_owner {
@@ -83,35 +85,53 @@ public:
     /// the file lacks (keys the vendor's files are known to omit).
     explicit model(std::shared_ptr<const io::gguf_file> file, typename Backend::options opt = {},
                    void (*warn)(const std::string&) = nullptr)
-        : hp_(read_hparams(*file, warn)), weights_(bind_weights(file, hp_)), be_(opt) {
+        : model(nullptr, std::move(file), opt, warn) {}
+    /// One stage of the model: layers [r.first, r.last) only (their matrices mapped, their state
+    /// kept; the embedding on the first stage, the final norm and LM head on the last). A range
+    /// that is empty or outside [0, n_layer) is an error before anything is mapped or allocated;
+    /// [0, n_layer) is the whole model.
+    model(std::shared_ptr<const io::gguf_file> file, stage_range r, typename Backend::options opt = {},
+          void (*warn)(const std::string&) = nullptr)
+        : model(&r, std::move(file), opt, warn) {}
+    model(const model&) = delete;
+    model& operator=(const model&) = delete;
+    ~model() override = default;
+
+private:
+    // r: the stage's layers, or null for all of them.
+    model(const stage_range* r, std::shared_ptr<const io::gguf_file> file, typename Backend::options opt,
+          void (*warn)(const std::string&))
+        : hp_(read_hparams(*file, warn)),
+          range_(detail::checked_stage(r ? *r : stage_range(0, hp_.n_layer), hp_.n_layer, file->path())),
+          weights_(bind_weights(file, hp_)), be_(opt) {
         check_fits<V>(hp_, file->path());
         if constexpr (!V::diffusion) weights_.missing_diffusion.clear();  // causal-only variants never ask
-        weight_memory wm{file->map().bytes(), {}, {}, weights_.products(), {}};
-        if (!wm.bytes.empty()) {
-            wm.to_huge_pages = [f = file.get()] { return f->map().move_to_huge_pages(); };
-            wm.shortfall = [f = file.get()] { return f->map().memory_shortfall(); };
-            wm.rewrite_once = [f = file.get()](const weight_memory::rearrange_fn& fn) { return f->map().rewrite_once(fn); };
-        }
-        be_.map_weights(wm);
+        be_.map_weights(detail::stage_memory(file, weights_, range_, hp_.n_layer));
         const dims<V> d = dim();
         for (std::int64_t il = 0; il < d.n_layer(); ++il) {
             spec_.push_back(std::visit([&]<class W>(const W&) { return mixer_layer<W>::state_spec(d); },
                                        weights_.layers[std::size_t(il)].mixer));
             spec_.back().n_expert = d.n_expert();
             spec_.back().n_expert_used = d.n_expert_used();
+            // Another stage's layer keeps nothing here (its index stays the whole model's).
+            if (il < range_.first || il >= range_.last) spec_.back() = {.k = backend::layer_state_spec::kind::none};
             // Rollback restores the layers that keep a GDN state: the spec says which.
             if (spec_.back().k == backend::layer_state_spec::kind::gdn) gdn_layers_.push_back(il);
         }
     }
-    model(const model&) = delete;
-    model& operator=(const model&) = delete;
-    ~model() override = default;
 
+public:
     const hparams& hp() const { return hp_; }                  ///< the file's hyperparameters
     const model_weights& weights() const { return weights_; }  ///< the bound weights
     Backend& backend() { return be_; }                         ///< the backend instance
     dims<V> dim() const { return dims<V>{&hp_}; }              ///< the dimensions (static where V fixes them)
     std::int64_t n_vocab() const { return hp_.n_vocab; }       ///< rows of the LM head
+    const stage_range& stage() const { return range_; }        ///< its layers ([0, n_layer): the whole model)
+    bool first_stage() const { return range_.first == 0; }     ///< whether it embeds the tokens
+    bool last_stage() const { return range_.last == hp_.n_layer; }  ///< whether it runs the LM head
+    bool whole() const { return first_stage() && last_stage(); }    ///< all layers: not a stage
+    /// The layers' state specs given to the backend's state pool (kind none: another stage's).
+    std::span<const backend::layer_state_spec> state_specs() const { return spec_; }
 
     /// A sequence of up to o.ctx tokens in the state pool of its KV format (pages reserved now).
     session new_session(session_options o = {}) {
@@ -193,6 +213,25 @@ public:
     /// order. Everything is checked before any state is touched. exact: every row computed as it
     /// would be alone (batch.hpp).
     void run(std::span<const pass_request> reqs, std::vector<float>& logits, bool exact = false) {
+        if (!whole())
+            fail("run: this model is the stage of layers [", range_.first, ", ", range_.last, ") of ", hp_.n_layer, "; use run_stage");
+        pass(reqs, nullptr, logits, exact);
+    }
+    /// One pass of a stage (or of the whole model) over segments of many sessions, with run's
+    /// checks. h_in: the previous stage's out, [Σ rows, n_embd] in request order (null on the
+    /// first stage, which embeds the ids; later stages read only the ids' count). out: on the
+    /// last stage the logits as run gives them; otherwise the residual rows h after its last
+    /// layer, [Σ rows, n_embd], for the next stage. exact as in run: with every stage exact, the
+    /// last stage's logits are bit for bit the whole model's.
+    void run_stage(std::span<const pass_request> reqs, const float* h_in, std::vector<float>& out, bool exact = false) {
+        if (first_stage() != (h_in == nullptr))
+            fail("run_stage: the stage of layers [", range_.first, ", ", range_.last, ") ",
+                 first_stage() ? "embeds its tokens and takes no input rows" : "needs the previous stage's rows");
+        pass(reqs, h_in, out, exact);
+    }
+
+private:
+    void pass(std::span<const pass_request> reqs, const float* h_in, std::vector<float>& logits, bool exact) {
         if (reqs.empty()) fail("run: no sequences in the pass");
         const int p = reqs[0].s->pool();
         batch bt;
@@ -200,6 +239,7 @@ public:
         for (const pass_request& r : reqs) {
             session& s = *r.s;
             if (!s.open()) fail("run: the session is closed");
+            if (!s.opened_by(this)) fail("run: the session was opened by another model (each stage opens its own)");
             if (s.pool() != p) fail("run: sessions with different KV formats cannot share a pass");
             check_ids(r.ids);
             const std::int64_t n = std::int64_t(r.ids.size());
@@ -213,8 +253,8 @@ public:
             }
             bt.add(s.id(), r.kind, r.ids, s.n_past(), r.logits, coreset);
         }
-        logits.resize(std::size_t(bt.n_logits() * hp_.n_vocab));
-        forward(state_of(p), bt, logits.data());
+        logits.resize(std::size_t(last_stage() ? bt.n_logits() * hp_.n_vocab : bt.rows() * hp_.n_embd));
+        forward(state_of(p), bt, h_in, logits.data());
         for (const pass_request& r : reqs)
             if (r.kind != pass_kind::preview) {
                 auto& t = r.s->mutable_tokens();
@@ -222,6 +262,7 @@ public:
             }
     }
 
+public:
     /// Commit pass over `ids` appended at s.n_past(). logits: [rows, n_vocab] for the chosen rows
     /// (all: one row per id; last: one row). Bad ids or a full context throw before any state
     /// is touched. Long inputs run in chunks of s.batch() rows.
@@ -312,7 +353,10 @@ private:
     }
 
     // The pass: control flow from the batch's shape only; one read-back (logits) at the end.
-    void forward(typename Backend::state& st, const batch& bt, float* logits_out) {
+    // A stage runs its layers only: it starts from the previous stage's h (the unsplit pass's
+    // add_rms_norm is h += y, then the norm of h: the same bits as rms_norm of the h received)
+    // and ends with its last add, reading h back instead of logits.
+    void forward(typename Backend::state& st, const batch& bt, const float* h_in, float* out) {
         using backend::buf;
         using T = typename Backend::tensor;
         const dims<V> d = dim();
@@ -322,23 +366,33 @@ private:
         T h = cx.get(buf::h, n, E);  // residual stream [n, E]
         T u = cx.get(buf::u, n, E);  // normed input [n, E]
         T y = cx.get(buf::y, n, E);  // sub-layer output [n, E]
-        be_.embed(cx, bt, weights_.tok_embd, h);
-        be_.rms_norm(cx, h, weights_.layers[0].attn_norm, u, eps);
-        for (std::int64_t il = 0; il < d.n_layer(); ++il) {
+        if (first_stage()) be_.embed(cx, bt, weights_.tok_embd, h);
+        else be_.write_rows(cx, bt, h_in, h);
+        be_.rms_norm(cx, h, weights_.layers[std::size_t(range_.first)].attn_norm, u, eps);
+        for (std::int64_t il = range_.first; il < range_.last; ++il) {
             const layer_weights& L = weights_.layers[std::size_t(il)];
             std::visit([&]<class W>(const W& w) { mixer_layer<W>::forward(be_, cx, st, bt, il, d, w, u, y); }, L.mixer);
             be_.add_rms_norm(cx, h, y, L.post_norm, u, eps);
             moe_layer::forward(be_, cx, bt, d, L.moe, u, y);
-            const weight& next = il + 1 < d.n_layer() ? weights_.layers[std::size_t(il + 1)].attn_norm : weights_.output_norm;
+            // A stage before the last ends with h += y; its norm there is of no use (the next stage
+            // norms the h it receives), so it takes a weight of the stage's own, never another's.
+            const weight& next = il + 1 == range_.last && !last_stage() ? L.post_norm
+                                 : il + 1 < d.n_layer()                  ? weights_.layers[std::size_t(il + 1)].attn_norm
+                                                                         : weights_.output_norm;
             be_.add_rms_norm(cx, h, y, next, u, eps);
         }
-        T logits = cx.get(buf::logits, bt.n_logits(), hp_.n_vocab);
-        be_.lm_head(cx, bt, weights_.output, u, logits);
-        be_.read_logits(cx, logits, logits_out);
+        if (last_stage()) {
+            T logits = cx.get(buf::logits, bt.n_logits(), hp_.n_vocab);
+            be_.lm_head(cx, bt, weights_.output, u, logits);
+            be_.read_logits(cx, logits, out);
+        } else {
+            be_.read_logits(cx, h, out);
+        }
         be_.advance(st, bt);
     }
 
     hparams hp_;
+    stage_range range_;  // the layers this model runs ([0, n_layer): all)
     model_weights weights_;
     Backend be_;
     std::vector<backend::layer_state_spec> spec_;

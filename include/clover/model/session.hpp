@@ -60,6 +60,8 @@ public:
     seq_id id() const { return id_; }                                     ///< its id in the state pool
     int pool() const { return pool_; }  ///< its state pool: 0 for F32 KV pages, 1 for F16
     bool open() const { return owner_ != nullptr; }  ///< false once moved from (or default-made)
+    /// Whether `o` (a model) opened it: a session's id means nothing in another model's pool.
+    bool opened_by(const detail::sequence_owner* o) const { return owner_ == o; }
 
     /// Used by the model that opened it.
     session(detail::sequence_owner* owner, int pool, seq_id id, session_options o)

@@ -58,6 +58,11 @@ struct weight {
 // (backend concept: map_weights).
 struct weight_memory {
     std::span<const std::byte> bytes;
+    // The ranges of `bytes` the model reads, sorted and disjoint, when it reads only some of them
+    // (a stage of a model split by layers: its layers' tensors, the embedding on the first, the
+    // head on the last); a backend then reads, populates and moves nothing outside them, and
+    // to_huge_pages is empty. Empty: all of `bytes`.
+    std::vector<std::span<const std::byte>> parts;
     // Moves `bytes` into transparent huge pages at the same addresses (a private copy; every
     // weight stays valid): "" when done, else why not, and nothing changed. Empty when the bytes
     // are not a file map (a virtual file built in memory).

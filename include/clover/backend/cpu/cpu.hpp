@@ -122,8 +122,9 @@ public:
     // perf on the 8-layer Q4_K_M file). llama.cpp does the same with MAP_POPULATE. Skipped for
     // files that do not fit in the memory available (they only fit through demand paging) and
     // when options.prefault is false or CLOVER_NO_PREFAULT is set.
+    // A stage of a model split by layers (m.parts) is populated only where it reads.
     void map_weights(const weight_memory& m) {
-        if (opt_.huge_pages && m.to_huge_pages) {
+        if (opt_.huge_pages && m.to_huge_pages && m.parts.empty()) {
             std::string why = m.to_huge_pages();
             if (why.empty()) {
                 weights_placement_ = "weights in huge pages";
@@ -132,22 +133,24 @@ public:
             }
             weights_placement_ = "weights mapped in place: " + why;
         } else {
-            weights_placement_ = "weights mapped in place";
+            weights_placement_ = m.parts.empty() ? "weights mapped in place" : "a stage's weights mapped in place";
         }
         rearrange_products(m);  // rearranges nothing now, but marks what an earlier model of the file did
-        const std::span<const std::byte> file = m.bytes;
         // Memory honesty: weights that do not fit in memory are read again from disk as the
         // page cache evicts them, every token; the load line says how much.
         const std::string shortfall = m.shortfall ? m.shortfall() : std::string();
         if (!shortfall.empty()) weights_placement_ += "; " + shortfall;
-        if (!opt_.prefault || file.empty() || std::getenv("CLOVER_NO_PREFAULT") || !shortfall.empty()) return;
+        if (!opt_.prefault || m.bytes.empty() || std::getenv("CLOVER_NO_PREFAULT") || !shortfall.empty()) return;
         const long page = ::sysconf(_SC_PAGESIZE);
-        auto* start = reinterpret_cast<std::byte*>(std::uintptr_t(file.data()) / std::uintptr_t(page) * std::uintptr_t(page));
-        const std::size_t len = std::size_t(file.data() + file.size() - start);
+        for (const std::span<const std::byte> part : m.parts.empty() ? std::vector{m.bytes} : m.parts) {
+            if (part.empty()) continue;
+            auto* start = reinterpret_cast<std::byte*>(std::uintptr_t(part.data()) / std::uintptr_t(page) * std::uintptr_t(page));
+            const std::size_t len = std::size_t(part.data() + part.size() - start);
 #ifdef MADV_POPULATE_READ
-        if (::madvise(start, len, MADV_POPULATE_READ) == 0) return;
+            if (::madvise(start, len, MADV_POPULATE_READ) == 0) continue;
 #endif
-        ::madvise(start, len, MADV_WILLNEED);  // older kernels: at least read ahead
+            ::madvise(start, len, MADV_WILLNEED);  // older kernels: at least read ahead
+        }
     }
 
     // The decode products of several tokens (a batch of sequences, a verify or preview block)
@@ -242,6 +245,9 @@ public:
             for (std::int64_t t = b; t < e; ++t)
                 quant::dequantize_row(tok_embd.type, tok_embd.row(ids[std::size_t(t)]), h.data + t * h.cols, h.cols);
         });
+    }
+    void write_rows(context&, const batch&, const float* host, tensor t) {
+        if (t.rows > 0) std::memcpy(t.data, host, std::size_t(t.rows * t.cols) * sizeof(float));
     }
     void rms_norm(context&, tensor x, const weight& w, tensor out, float eps) {
         pool_.parallel_for(x.rows, 16, [&](std::int64_t b, std::int64_t e) {

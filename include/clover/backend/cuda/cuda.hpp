@@ -78,6 +78,7 @@ public:
             std::array<cuda_detail::device_buffer, std::size_t(buf::count)> bufs;
             cuda_detail::device_buffer ids, wts, act, tokens, rows_idx, row_infos, page_ids, bases, groups;
             cuda_detail::pinned_buffer pin_tokens, pin_rows, pin_infos, pin_pages, pin_bases, pin_out;
+            cuda_detail::pinned_buffer pin_in;  // write_rows: a stage's incoming residual rows
             cuda_detail::moe_scratch moe;
             cuda_detail::device_floats ring;  // the GDN ring's old rows while it advances
             cuda_detail::device_buffer attn_parts;  // split attention's partials (pass.cuh), grow-only
@@ -213,6 +214,20 @@ public:
         const int* ids = upload(d.pin_tokens, d.tokens, d.host_ids.data(), d.host_ids.size());
         const cuda_detail::device_matrix& w = dev(tok_embd);
         cuda_detail::embed_rows(w.type, w.data, w.row_bytes, ids, h.data, bt.rows(), h.cols, stream());
+    }
+    // A stage that does not embed (a model split by layers) starts here, as embed does: the
+    // rows go through the context's pinned buffer (written once per pass, read by the copy when
+    // it runs: at the graph's launch for a captured pass).
+    void write_rows(context& cx, const batch& bt, const float* host, tensor t) {
+        cuda_detail::device_guard on(opt_.device);
+        begin_capture(cx.scratch(), bt);
+        flush_norm(cx);
+        const std::size_t bytes = std::size_t(t.rows * t.cols) * sizeof(float);
+        if (bytes == 0) return;
+        auto& pin = cx.scratch().pin_in;
+        pin.reserve(bytes);
+        std::memcpy(pin.get(), host, bytes);
+        CLOVER_CUDA_CHECK(cudaMemcpyAsync(t.data, pin.get(), bytes, cudaMemcpyHostToDevice, stream()));
     }
     // The norms are deferred (issue 16): recorded here, launched by the next primitive — fused
     // with the conversion of its products' activations when that primitive reads `out` (matmul,
