@@ -9,7 +9,8 @@ if(NOT DOXYGEN_EXECUTABLE)
 endif()
 set(CLOVER_DOCS_OUT "${PROJECT_BINARY_DIR}/docs/api")
 set(clover_docs_headers clover.hpp model/open.hpp model/model.hpp model/stage.hpp model/session.hpp decode/decoders.hpp decode/generate.hpp
-    decode/engine.hpp dist/communicator.hpp dist/local.hpp dist/message.hpp)
+    decode/engine.hpp dist/communicator.hpp dist/local.hpp dist/message.hpp pipeline/pipeline.hpp pipeline/serve.hpp
+    pipeline/split.hpp pipeline/protocol.hpp)
 set(CLOVER_DOCS_INPUT "")
 foreach(h IN LISTS clover_docs_headers)
     string(APPEND CLOVER_DOCS_INPUT " \"${PROJECT_SOURCE_DIR}/include/clover/${h}\"")
