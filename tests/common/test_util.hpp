@@ -2,6 +2,7 @@
 // Helpers shared by the test executables.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -79,6 +80,11 @@ inline std::vector<float> random_vec(std::size_t n, std::uint64_t seed, float lo
     return v;
 }
 
+// Bit-for-bit equality of two float vectors. memcmp is not called on an empty vector's data(),
+// which may be null (undefined even for 0 bytes).
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
 inline float max_abs(const std::vector<float>& v) {
     float m = 0;
     for (float x : v) m = std::max(m, std::fabs(x));

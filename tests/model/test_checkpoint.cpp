@@ -30,9 +30,7 @@ std::vector<float> commit_chunks(rt_model& m, session& s, const std::vector<toke
     return lg;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
+using testutil::same_bits;
 
 }  // namespace
 

@@ -24,10 +24,6 @@ using traced_model = model<variants::from_file, backend::trace<backend::cpu>>;
 
 const std::string bundled_st = std::string(CLOVER_SOURCE_DIR) + "/models/clover-small.gguf";
 
-bool bits_equal_st(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
-
 // One sequence on both sides: the whole model's session and one session per stage.
 struct staged_seq {
     session whole;
@@ -78,7 +74,7 @@ struct stage_pair {
     void check(const std::vector<stage_step>& steps) {
         auto [want, got] = run(steps);
         REQUIRE(!want.empty());
-        CHECK(bits_equal_st(want, got));
+        CHECK(testutil::same_bits(want, got));
     }
     // A session operation mirrored on every stage.
     void each(staged_seq& s, const std::function<void(rt_model&, session&)>& f) {

@@ -35,10 +35,6 @@ constexpr dist::duration patience{20000};  // a correct test never comes near it
 
 std::shared_ptr<const io::gguf_file> qwen_file() { return load(testutil::synth_file("pl_odd.gguf", testutil::odd_spec())); }
 
-bool bits_equal_pl(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
-
 // The ranks of a local group: ranks 1..n-1 on threads, each running `body` (by default: load its
 // stage of the split and serve it); rank 0's endpoint is the test's. Destroy the pipeline first
 // (it shuts the ranks down), then this (it joins them).
@@ -100,7 +96,7 @@ struct side_by_side {
         whole.run(w, want, true);
         pipe.run(p, got, true);
         REQUIRE(!want.empty());
-        CHECK(bits_equal_pl(want, got));
+        CHECK(testutil::same_bits(want, got));
         for (const step& x : steps) CHECK(x.s->whole.tokens() == x.s->pipe.tokens());
     }
     // A session operation on both sides.
