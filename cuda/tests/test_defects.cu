@@ -319,20 +319,20 @@ CUDA_TEST_CASE("defects: a discarded capture leaves no verify record claiming co
     d.verify(st, driver::rows(a, pass_kind::verify, 0, 5));  // eager: the 5-row verify shape is seen, captured next time
     const batch b3 = driver::rows(b, pass_kind::verify, 0, 3);
     d.verify(st, b3);
-    d.be.advance(st, b3);
+    st.advance(b3);
     CHECK(st.gdn(0, b).rec.n == 3);
     CHECK_THROWS_WITH(d.verify(st, driver::rows(b, pass_kind::verify, 3, 5), true), "an error in the middle of the pass");
     REQUIRE(st.gdn(0, b).rec.n == 0);  // (before: 5, over arrays the pass reallocated and never wrote)
-    const std::int64_t layers[] = {0};
-    CHECK_THROWS_WITH_AS(d.be.rollback(st, b, 2, layers, d.g), doctest::Contains("cannot keep 2 of 0 verified rows"), error);
-    d.be.rollback(st, b, 0, layers, d.g);
+    const auto replay = [&](auto& slot, std::int64_t keep) { d.be.replay_gdn(slot, keep, d.g); };
+    CHECK_THROWS_WITH_AS(st.rollback(b, 2, replay), doctest::Contains("cannot keep 2 of 0 verified rows"), error);
+    st.rollback(b, 0, replay);
     // The next pass of the shape runs eagerly and records again; the one after is captured.
     for (int i = 0; i < 2; ++i) {
         const batch b5 = driver::rows(b, pass_kind::verify, 0, 5);
         d.verify(st, b5);
-        d.be.advance(st, b5);
+        st.advance(b5);
         CHECK(st.gdn(0, b).rec.n == 5);
-        d.be.rollback(st, b, 0, layers, d.g);
+        st.rollback(b, 0, replay);
     }
     CHECK(emu_errors().empty());
 }

@@ -87,7 +87,7 @@ std::vector<float> gpu_pass(gpu& gb, gpu::state& gs, const batch& bt, const laye
     gb.attention(cx, bt, gs, 0, L.as, dq, dg, dk, dv, dout);
     auto out = get(dout);
     if (q_out) *q_out = get(dq);
-    gb.advance(gs, bt);
+    gs.advance(bt);
     return out;
 }
 std::vector<float> cpu_pass(host& cb, host::state& cs, const batch& bt, const layer& L, const inputs& in) {
@@ -98,7 +98,7 @@ std::vector<float> cpu_pass(host& cb, host::state& cs, const batch& bt, const la
                     host_tensor(gate, n));
     cb.attention(cx, bt, cs, 0, L.as, host_tensor(q, n), host_tensor(gate, n), host_tensor(k, n), host_tensor(v, n),
                  host_tensor(out, n));
-    cb.advance(cs, bt);
+    cs.advance(bt);
     return out;
 }
 

@@ -444,7 +444,7 @@ outputs run(B& be, const row<B>& rw, const case_& c, weight_store& ws, run_opts 
         }
         if (!e.bt.empty()) {
             rw.op(e);
-            be.advance(*st, e.bt);
+            st->advance(e.bt);
         }
     }
     auto cx = be.begin_pass();
@@ -467,14 +467,16 @@ outputs run(B& be, const row<B>& rw, const case_& c, weight_store& ws, run_opts 
     }
     rw.op(e);
     if (st) {
-        be.advance(*st, e.bt);
+        st->advance(e.bt);
         save_state(e, seqs, rw.state, "");
-        const std::int64_t gdn_layers[] = {tested_layer};
         bool rolled = false;
         for (std::size_t i = 0; i < seqs.size(); ++i)
             if (seqs[i] >= 0 && c.mx->segs[i].kind == pass_kind::verify) {
-                be.rollback(*st, seqs[i], 2, rw.state == needs::gdn ? std::span<const std::int64_t>(gdn_layers) : std::span<const std::int64_t>(),
-                            c.gdn());
+                // Only a row that ran the whole delta rule recorded what a replay reads (the conv
+                // row alone records no scan inputs): the others roll back their KV rows only.
+                st->rollback(seqs[i], 2, [&](auto& slot, std::int64_t keep) {
+                    if (rw.state == needs::gdn) be.replay_gdn(slot, keep, c.gdn());
+                });
                 rolled = true;
             }
         if (rolled && rw.state != needs::gdn_conv) save_state(e, seqs, rw.state, " after rollback");

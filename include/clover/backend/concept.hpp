@@ -117,8 +117,8 @@ concept backend_for = requires(B& be, typename B::context& cx, typename B::state
                                const attention_shape& as, const attention_norms& an, const gdn_shape& gs,
                                const gdn_params& gp, const moe_shape& ms, const moe_params& mp,
                                std::span<const layer_state_spec> spec, const state_options& so,
-                               std::span<const std::int64_t> layers, float* host, const float* rows_in, float eps,
-                               std::int64_t layer,
+                               float* host, const float* rows_in, float eps,
+                               std::int64_t layer, typename B::state::gdn_slot& slot,
                                seq_id seq, std::int64_t n) {
     typename B::options;
     { B::name } -> std::convertible_to<const char*>;
@@ -164,12 +164,12 @@ concept backend_for = requires(B& be, typename B::context& cx, typename B::state
     { st.save(seq, n) } -> std::same_as<typename B::state::saved_state>;      // GDN states at 0 or a checkpoint
     { st.take(seq, n) } -> std::same_as<typename B::state::saved_state>;      // the same, moved out of the sequence
     { st.open_from(n, std::span<const std::int32_t>{}, n, st.save(seq, n)) } -> std::same_as<seq_id>;
-    // Keeps the first `n` rows of the sequence's last verify segment and forgets the rest:
-    // KV rows truncated, the GDN states of `layers` replayed from the recorded block-start
-    // state (no weights are read).
-    be.rollback(st, seq, n, layers, gs);
-    // After a pass: the commit and verify segments' sequences now hold their rows.
-    be.advance(st, bt);
+    // What a pass and a rollback mean for a sequence is the state pool's, the same on every
+    // backend (state_pool.hpp: st.advance(bt) after a pass, st.rollback(seq, n, replay)); a
+    // backend supplies the replay: a verified GDN slot back to its first `n` recorded rows, from
+    // the record a verify segment keeps (no weights are read).
+    st.advance(bt);
+    be.replay_gdn(slot, n, gs);
 
     // ---- primitives (one call each per layer and pass) ----------------------------------------
     // h[n, E] = token_embd rows of the batch's tokens (architecture.md §2.1).

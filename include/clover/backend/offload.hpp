@@ -129,11 +129,8 @@ public:
     state make_state(std::span<const layer_state_spec> spec, const state_options& o) { return dev_.make_state(spec, o); }
     context begin_pass() { return dev_.begin_pass(); }
 
-    // ---- sequences ----
-    void rollback(state& st, seq_id seq, std::int64_t keep, std::span<const std::int64_t> gdn_layers, const gdn_shape& g) {
-        dev_.rollback(st, seq, keep, gdn_layers, g);
-    }
-    void advance(state& st, const batch& bt) { dev_.advance(st, bt); }
+    // ---- sequences: the state is the device's, and so is the replay ----
+    void replay_gdn(typename state::gdn_slot& slot, std::int64_t keep, const gdn_shape& g) { dev_.replay_gdn(slot, keep, g); }
 
     // ---- primitives: Device's, but for the host layers' MoE feed-forward ----
     void embed(context& cx, const batch& bt, const weight& tok_embd, tensor h) { dev_.embed(cx, bt, tok_embd, h); }

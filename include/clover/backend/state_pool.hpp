@@ -54,7 +54,19 @@ struct basic_gdn_slot {
     Floats S;     // [Hv][dk][dv]  (row = key index, column = value index)
     Floats ring;  // [K-1][C]: the last K-1 pre-conv inputs, oldest first
     basic_gdn_record<Floats> rec;
+
+    // A verify segment of n rows starts here: what a rollback restores before it replays (the
+    // backend then records the segment's rows, records_rollback below).
+    void begin_record(std::int64_t n) {
+        rec.S0 = S;
+        rec.ring0 = ring;
+        rec.n = n;
+    }
 };
+
+// Whether a segment keeps the record a rollback replays (verify segments only: a commit is final,
+// a preview leaves the state as it was).
+inline bool records_rollback(const segment& s) { return s.kind == pass_kind::verify; }
 
 template <class Store>
 class basic_state_pool {
@@ -377,6 +389,30 @@ public:
 
     // The verify segment of a sequence: where it started (-1: none since the last rollback).
     std::int64_t& verify_start(seq_id id) { return get(id).verify_start; }
+
+    // ---- what a pass and a rollback mean for a sequence (the same on every backend) ----
+    // After a pass: the commit and verify segments' sequences now hold their rows; a verify
+    // segment's start is where a rollback keeps from. Preview rows are never kept.
+    void advance(const batch& bt) {
+        for (const segment& s : bt.segments()) {
+            if (s.kind == pass_kind::preview) continue;
+            verify_start(s.seq) = records_rollback(s) ? s.pos0 : -1;
+            set_n_past(s.seq, s.pos0 + s.n);
+        }
+    }
+    // Keeps the first `keep` rows of the sequence's last verify segment and forgets the rest:
+    // KV rows truncated, every GDN slot replayed by `replay(slot, keep)` (the backend's kernels,
+    // from the slot's record: no weights read). Anything but 0..n verified rows is an error that
+    // changes nothing.
+    template <class Replay>
+    void rollback(seq_id id, std::int64_t keep, Replay&& replay) {
+        std::int64_t& start = verify_start(id);
+        const std::int64_t n = n_past(id) - start;
+        if (start < 0 || keep < 0 || keep > n) fail("rollback: cannot keep ", keep, " of ", start < 0 ? 0 : n, " verified rows");
+        for (gdn_slot& slot : get(id).gdn) replay(slot, keep);
+        truncate(id, start + keep);  // KV rows past n_past are dead
+        start = -1;
+    }
     Store& store() { return store_; }
 
 private:

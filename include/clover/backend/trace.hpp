@@ -66,11 +66,10 @@ public:
         return in_.begin_pass();
     }
     template <class G>
-    void rollback(state& st, seq_id seq, std::int64_t keep, std::span<const std::int64_t> layers, const G& g) {
-        rec("rollback", -1, keep, 0);
-        in_.rollback(st, seq, keep, layers, g);
+    void replay_gdn(typename state::gdn_slot& slot, std::int64_t keep, const G& g) {
+        rec("replay_gdn", -1, keep, 0);
+        in_.replay_gdn(slot, keep, g);
     }
-    void advance(state& st, const batch& bt) { in_.advance(st, bt); }
 
     void embed(context& cx, const batch& bt, const weight& w, tensor h) {
         rec("embed", -1, h.rows, h.cols);

@@ -115,8 +115,6 @@ private:
             spec_.back().n_expert_used = d.n_expert_used();
             // Another stage's layer keeps nothing here (its index stays the whole model's).
             if (il < range_.first || il >= range_.last) spec_.back() = {.k = backend::layer_state_spec::kind::none};
-            // Rollback restores the layers that keep a GDN state: the spec says which.
-            if (spec_.back().k == backend::layer_state_spec::kind::gdn) gdn_layers_.push_back(il);
         }
     }
 
@@ -325,8 +323,8 @@ public:
     }
     /// Keeps the first `keep` rows of the last verify pass and forgets the rest.
     void rollback(session& s, std::int64_t keep) {
-        const dims<V> d = dim();
-        be_.rollback(state_of(s.pool()), s.id(), keep, gdn_layers_, gdn_layer::shape(d));
+        const backend::gdn_shape g = gdn_layer::shape(dim());
+        state_of(s.pool()).rollback(s.id(), keep, [&](auto& slot, std::int64_t k) { be_.replay_gdn(slot, k, g); });
         s.mutable_tokens().resize(std::size_t(state_of(s.pool()).n_past(s.id())));
     }
 
@@ -388,7 +386,7 @@ private:
         } else {
             be_.read_logits(cx, h, out);
         }
-        be_.advance(st, bt);
+        st.advance(bt);
     }
 
     hparams hp_;
@@ -396,7 +394,6 @@ private:
     model_weights weights_;
     Backend be_;
     std::vector<backend::layer_state_spec> spec_;
-    std::vector<std::int64_t> gdn_layers_;
     std::mutex pools_mu_;
     std::array<std::optional<typename Backend::state>, 2> pools_;
 };

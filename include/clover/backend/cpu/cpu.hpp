@@ -220,23 +220,8 @@ public:
         return context(this, std::move(d));
     }
 
-    // ---- sequences ----
-    void rollback(state& st, seq_id seq, std::int64_t keep, std::span<const std::int64_t> gdn_layers, const gdn_shape& g) {
-        std::int64_t& start = st.verify_start(seq);
-        const std::int64_t n = st.n_past(seq) - start;
-        if (start < 0 || keep < 0 || keep > n) fail("rollback: cannot keep ", keep, " of ", start < 0 ? 0 : n, " verified rows");
-        for (std::int64_t l : gdn_layers) cpu_detail::gdn_rollback(g, st.gdn(l, seq), keep);
-        st.truncate(seq, start + keep);  // KV rows past n_past are dead
-        start = -1;
-    }
-    // After a pass: commit and verify segments now hold their rows.
-    void advance(state& st, const batch& bt) {
-        for (const segment& s : bt.segments()) {
-            if (s.kind == pass_kind::preview) continue;
-            st.verify_start(s.seq) = s.kind == pass_kind::verify ? s.pos0 : -1;
-            st.set_n_past(s.seq, s.pos0 + s.n);
-        }
-    }
+    // ---- sequences (the bookkeeping is the state pool's: state_pool.hpp advance / rollback) ----
+    void replay_gdn(state::gdn_slot& slot, std::int64_t keep, const gdn_shape& g) { cpu_detail::gdn_rollback(g, slot, keep); }
 
     // ---- primitives (backend/concept.hpp says what each computes) ----
     void embed(context&, const batch& bt, const weight& tok_embd, tensor h) {

@@ -82,12 +82,10 @@ inline void gdn_conv(thread_pool& pool, const batch& bt, state_pool& st, std::in
     std::int64_t longest = 0;
     for (const segment& s : segs) {
         longest = std::max(longest, s.n);
-        if (s.kind != pass_kind::verify) continue;
+        if (!records_rollback(s)) continue;
         gdn_slot& slot = st.gdn(layer, s.seq);  // what a rollback restores, before the ring moves
-        slot.rec.S0 = slot.S;
-        slot.rec.ring0 = slot.ring;
+        slot.begin_record(s.n);
         slot.rec.m.assign(m + s.row0 * C, m + (s.row0 + s.n) * C);
-        slot.rec.n = s.n;
     }
     // Tasks of (segment, block of channels). Why not one task per segment: a single sequence's
     // prefill then ran its conv and SiLU on one core while the other waited (perf, bundled model,
@@ -190,7 +188,7 @@ inline void gdn_mix(thread_pool& pool, const batch& bt, state_pool& st, std::int
     });
     // Verify segments keep what a rollback replays (the post-conv rows and the gates).
     for (const segment& s : segs) {
-        if (s.kind != pass_kind::verify) continue;
+        if (!records_rollback(s)) continue;
         gdn_record& rec = st.gdn(layer, s.seq).rec;
         rec.y.assign(y + s.row0 * C, y + (s.row0 + s.n) * C);
         rec.g.assign(alpha + s.row0 * Hv, alpha + (s.row0 + s.n) * Hv);

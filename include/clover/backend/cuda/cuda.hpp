@@ -185,23 +185,11 @@ public:
         return context(this, std::move(d));
     }
 
-    // ---- sequences ----
-    void rollback(state& st, seq_id seq, std::int64_t keep, std::span<const std::int64_t> gdn_layers, const gdn_shape& g) {
+    // ---- sequences (the bookkeeping is the state pool's: state_pool.hpp advance / rollback) ----
+    void replay_gdn(state::gdn_slot& slot, std::int64_t keep, const gdn_shape& g) {
         cuda_detail::device_guard on(opt_.device);
         cuda_detail::stream_user busy(graphs_);  // its launches must not land in another thread's capture
-        std::int64_t& start = st.verify_start(seq);
-        const std::int64_t n = st.n_past(seq) - start;
-        if (start < 0 || keep < 0 || keep > n) fail("rollback: cannot keep ", keep, " of ", start < 0 ? 0 : n, " verified rows");
-        for (std::int64_t l : gdn_layers) replay(g, st.gdn(l, seq), keep);
-        st.truncate(seq, start + keep);
-        start = -1;
-    }
-    void advance(state& st, const batch& bt) {
-        for (const segment& s : bt.segments()) {
-            if (s.kind == pass_kind::preview) continue;
-            st.verify_start(s.seq) = s.kind == pass_kind::verify ? s.pos0 : -1;
-            st.set_n_past(s.seq, s.pos0 + s.n);
-        }
+        replay(g, slot, keep);
     }
 
     // ---- primitives (backend/concept.hpp says what each computes) ----
@@ -330,11 +318,9 @@ public:
                 cuda_detail::l2norm_qk(ys, sg.n, L, g.rms_eps, 1.f, s);
                 continue;
             }
-            if (sg.kind == pass_kind::verify) {
-                slot.rec.S0 = slot.S;
-                slot.rec.ring0 = slot.ring;
+            if (records_rollback(sg)) {
+                slot.begin_record(sg.n);
                 copy_rows(slot.rec.m, ms, std::size_t(sg.n * C), slot.S);
-                slot.rec.n = sg.n;
                 if (cx.scratch().capturing) cx.scratch().records.push_back(&slot.rec.n);  // end_capture
             }
             cuda_detail::conv_silu(slot.ring.data(), ms, f32(*w.conv), nullptr, ys, sg.n, C, K, s);
@@ -373,7 +359,7 @@ public:
                 sa.n = sg.n;
                 cuda_detail::gdn_scan(sa, L, s);
             }
-            if (sg.kind == pass_kind::verify) {  // what a rollback replays
+            if (records_rollback(sg)) {  // what a rollback replays
                 copy_rows(slot.rec.y, ys, std::size_t(sg.n * C), slot.S);
                 copy_rows(slot.rec.g, gs, std::size_t(sg.n * Hv), slot.S);
                 copy_rows(slot.rec.beta, bs, std::size_t(sg.n * Hv), slot.S);
