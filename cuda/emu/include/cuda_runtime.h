@@ -16,9 +16,10 @@
 #define __launch_bounds__(...)
 #define CLOVER_EMU_SHARED(T, name, ...) \
     decltype(auto) name = ::clover_emu::static_shared<std::type_identity_t<T __VA_ARGS__>>([] {})
-#define CLOVER_EMU_SHARED_RAW(T, name, ...) \
-    std::type_identity_t<T __VA_ARGS__>& name = ::clover_emu::static_shared_raw<std::type_identity_t<T __VA_ARGS__>>([] {})
 #define CLOVER_EMU_DYNAMIC_SHARED(T, name) ::clover_emu::sptr<T> name = ::clover_emu::dynamic_shared<T>()
+// The kernel's __launch_bounds__ restated as its first statement (a function pointer does not
+// carry the attribute): runtime.cpp refuses a block larger than it.
+#define CLOVER_EMU_LAUNCH_BOUND(n) ::clover_emu::launch_bound(n)
 
 #define threadIdx (::clover_emu::current_thread->tid)
 #define blockIdx (::clover_emu::current_block->bid)

@@ -33,16 +33,20 @@ struct fiber : thread_view {
     int md[4] = {};
 };
 
-// Per word of the arena: the last writer and up to two readers of the current interval.
+// Per word of the arena: the last writer and up to two readers of the current interval, each with
+// the bytes of the word it touched (byte arrays: neighbours' bytes share a word, not a hazard).
 struct shadow {
     int w = -1, r1 = -1, r2 = -1;            // thread (linear id) or -1
     std::uint32_t we = 0, r1e = 0, r2e = 0;  // barrier interval of each access
     std::uint32_t ws = 0, r1s = 0, r2s = 0;  // its warp's __syncwarp count then
+    std::uint8_t wm = 0, r1m = 0, r2m = 0;   // bytes of the word (bit b: byte b)
     loc_t wl, r1l, r2l;
 };
 
 struct block_run : block_view {
-    std::string kernel;  // name of the running kernel (messages)
+    std::string kernel;        // name of the running kernel (messages)
+    const void* fn = nullptr;  // the kernel (its __launch_bounds__ entry)
+    bool bound_checked = false;  // this launch's block size was checked against the bound
     std::vector<fiber> threads;
     bctx::fcontext_t sched = nullptr;
     bool failed = false;

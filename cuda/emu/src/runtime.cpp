@@ -18,6 +18,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include "cuda_runtime.h"
@@ -81,6 +82,7 @@ struct state {
     std::set<stream_obj*> streams;
     stream_obj legacy;  // the default stream (blocking)
     std::map<const void*, int> smem_limit;
+    std::map<const void*, int> bounds;  // kernel → its __launch_bounds__, once a launch has run it
     std::set<std::string> launched;
     std::uint64_t launches = 0;
     int captures_open = 0;
@@ -161,6 +163,11 @@ std::string base_name(const char* name) {
     return n;
 }
 
+std::string bounds_message(const std::string& kernel, std::uint64_t threads, int bound) {
+    return "launch of " + kernel + ": " + std::to_string(threads) + " threads per block, past the kernel's __launch_bounds__(" +
+           std::to_string(bound) + ")";
+}
+
 void run_grid(const void* kernel, const std::string& name, dim3 grid, dim3 block, std::size_t smem, const std::function<void()>& body) {
     state& st = S();
     st.launched.insert(base_name(name.c_str()));
@@ -168,6 +175,8 @@ void run_grid(const void* kernel, const std::string& name, dim3 grid, dim3 block
     const int nt = int(block.x * block.y * block.z);
     block_run& b = st.run;
     b.kernel = name;
+    b.fn = kernel;
+    b.bound_checked = false;
     b.gdim = grid;
     b.bdim = block;
     b.threads.assign(std::size_t(nt), fiber{});
@@ -269,6 +278,29 @@ bool device_range(const void* p, std::size_t n) {
 }
 
 // ---- launches
+void launch_bound(int max_threads, loc_t loc) {
+    block_run* r = current_run();
+    if (r && current_thread && r->bound_checked) return;  // once per launch: every block has the launch's size
+    state& st = S();
+    std::lock_guard lk(st.mu);
+    block_run& b = st.run;
+    if (!r || !current_thread) {
+        report("launch bound at " + where(loc) + " outside a kernel");
+        return;
+    }
+    b.bound_checked = true;
+    st.bounds[b.fn] = max_threads;
+    const std::uint64_t threads = std::uint64_t(b.bdim.x) * b.bdim.y * b.bdim.z;
+    if (threads <= std::uint64_t(max_threads)) return;
+    // The first statement of the first thread to run: nothing of the kernel has run, as when the
+    // driver refuses the launch.
+    report(bounds_message(b.kernel, threads, max_threads) + " (" + where(loc) + ")");
+    b.failed = true;
+    st.pending = cudaErrorInvalidValue;
+    last_error = cudaErrorInvalidValue;
+    throw std::invalid_argument("launch bounds");  // ends this thread; the launch has failed
+}
+
 void launch_erased(const void* kernel, const char* name, dim3 grid, dim3 block, std::size_t smem, cudaStream_t s,
                    std::function<void()> body) {
     state& st = S();
@@ -283,6 +315,10 @@ void launch_erased(const void* kernel, const char* name, dim3 grid, dim3 block, 
     if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535) {
         fail(cudaErrorInvalidConfiguration, "launch of " + n + ": grid (" + std::to_string(grid.x) + "," + std::to_string(grid.y) + "," +
                                                 std::to_string(grid.z) + ") is past the device's limits");
+        return;
+    }
+    if (const auto bd = st.bounds.find(kernel); bd != st.bounds.end() && threads > std::uint64_t(bd->second)) {
+        fail(cudaErrorInvalidValue, bounds_message(n, threads, bd->second));
         return;
     }
     const auto lim = st.smem_limit.find(kernel);

@@ -3,6 +3,7 @@
 // the device's limits; and the race detector over accesses through sptr/sref (racecheck's idea:
 // within one barrier interval, a word written by one thread and read or written by another is a
 // hazard unless a __syncwarp of their common warp came between).
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -57,21 +58,25 @@ void shared_access(const void* p, std::size_t bytes, bool write, loc_t loc) {
     auto ordered = [&](int o, std::uint32_t e, std::uint32_t s) {
         return o < 0 || o == t || e != b->epoch || (o / 32 == warp && s != ws);
     };
-    const std::size_t w0 = std::size_t(c - b->arena) / 4, w1 = (std::size_t(c - b->arena) + bytes + 3) / 4;
+    const std::size_t off = std::size_t(c - b->arena), w0 = off / 4, w1 = (off + bytes + 3) / 4;
     for (std::size_t w = w0; w < w1; ++w) {
+        // The bytes of word w this access touches.
+        const std::size_t lo = std::max(off, w * 4), hi = std::min(off + bytes, w * 4 + 4);
+        const auto m = std::uint8_t(((1u << (hi - lo)) - 1u) << (lo - w * 4));
         shadow& s = b->shadows[w];
         const char* hazard = nullptr;
         loc_t other;
         int who = -1;
-        if (!ordered(s.w, s.we, s.ws)) {
+        const bool w_unordered = !ordered(s.w, s.we, s.ws);
+        if (w_unordered && (s.wm & m)) {
             hazard = write ? "write after write" : "read after write";
             other = s.wl;
             who = s.w;
-        } else if (write && !ordered(s.r1, s.r1e, s.r1s)) {
+        } else if (write && (s.r1m & m) && !ordered(s.r1, s.r1e, s.r1s)) {
             hazard = "write after read";
             other = s.r1l;
             who = s.r1;
-        } else if (write && !ordered(s.r2, s.r2e, s.r2s)) {
+        } else if (write && (s.r2m & m) && !ordered(s.r2, s.r2e, s.r2s)) {
             hazard = "write after read";
             other = s.r2l;
             who = s.r2;
@@ -83,11 +88,21 @@ void shared_access(const void* p, std::size_t bytes, bool write, loc_t loc) {
                          " with no barrier between");
         }
         if (write) {
+            // The bytes of the same interval's earlier writes stay in the mask (this thread's, or
+            // another's unordered write of a neighbouring byte, then named as this writer's).
+            const bool same = s.w == t && s.we == b->epoch && s.ws == ws;
+            s.wm = w_unordered || same ? std::uint8_t(s.wm | m) : m;
             s.w = t, s.we = b->epoch, s.ws = ws, s.wl = loc;
-            s.r1 = s.r2 = -1;
-        } else if (s.r1 != t && s.r2 != t) {
-            if (s.r1 < 0 || s.r1e != b->epoch) s.r1 = t, s.r1e = b->epoch, s.r1s = ws, s.r1l = loc;
-            else s.r2 = t, s.r2e = b->epoch, s.r2s = ws, s.r2l = loc;
+            if ((s.r1m &= std::uint8_t(~m)) == 0) s.r1 = -1;
+            if ((s.r2m &= std::uint8_t(~m)) == 0) s.r2 = -1;
+        } else if (s.r1 == t && s.r1e == b->epoch) {
+            s.r1m |= m, s.r1s = ws, s.r1l = loc;
+        } else if (s.r2 == t && s.r2e == b->epoch) {
+            s.r2m |= m, s.r2s = ws, s.r2l = loc;
+        } else if (s.r1 < 0 || s.r1e != b->epoch) {
+            s.r1 = t, s.r1e = b->epoch, s.r1s = ws, s.r1l = loc, s.r1m = m;
+        } else {
+            s.r2 = t, s.r2e = b->epoch, s.r2s = ws, s.r2l = loc, s.r2m = m;
         }
     }
 }

@@ -111,7 +111,9 @@ template <class T>
 class sptr {
 public:
     sptr() = default;
+    sptr(std::nullptr_t) {}
     explicit sptr(T* p) : p_(p) {}
+    explicit operator bool() const { return p_ != nullptr; }
     template <class U>
         requires(std::is_convertible_v<U*, T*> && !std::is_same_v<U, T>)
     sptr(const sptr<U>& o) : p_(o.raw()) {}
@@ -173,6 +175,11 @@ public:
         if constexpr (std::is_array_v<E>) return sptr<std::remove_extent_t<E>>(p_[ix.i]);
         else return sref<E>(p_ + ix.i, ix.loc);
     }
+    // A 1-D array handed to a function taking a pointer (smem_ptr): its accesses stay checked
+    // (against the block's shared memory; the array's own bounds are lost with its type).
+    template <class U>
+        requires(!std::is_array_v<E> && std::is_convertible_v<E*, U*>)
+    operator sptr<U>() const { return sptr<U>(p_); }
 
 private:
     E* p_;
@@ -190,12 +197,6 @@ decltype(auto) static_shared(Key, loc_t loc = loc_t::current()) {
         return sarr<std::remove_extent_t<T>, std::extent_v<T>>(&(*p)[0], loc);
     else return static_cast<T&>(*p);
 }
-// CLOVER_SHARED_RAW: always the plain reference (an array handed to functions taking pointers).
-template <class T, class Key>
-T& static_shared_raw(Key) {
-    static const char key = 0;
-    return *static_cast<T*>(static_shared_alloc(&key, sizeof(T), alignof(T)));
-}
 
 template <class T>
 sptr<T> dynamic_shared() {
@@ -204,6 +205,10 @@ sptr<T> dynamic_shared() {
 }
 
 // ---- launches (runtime.cpp)
+// A kernel's __launch_bounds__(max_threads), stated as the kernel's first statement
+// (CLOVER_EMU_LAUNCH_BOUND): a block larger than the bound fails the launch before any of the
+// kernel runs, and later launches of the kernel are refused at the call (cudaErrorInvalidValue).
+void launch_bound(int max_threads, loc_t loc = loc_t::current());
 void launch_erased(const void* kernel, const char* name, dim3 grid, dim3 block, std::size_t smem, cudaStream_t s,
                    std::function<void()> body);
 // Arguments are kept by value (a graph node replays what was captured).

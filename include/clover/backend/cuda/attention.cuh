@@ -43,6 +43,7 @@ __device__ inline float kv_value(const std::uint16_t* p, std::int64_t i) { retur
 // KA, KB: the element types of span a and span b (float or std::uint16_t F16 bits).
 template <class KA, class KB>
 static __global__ void __launch_bounds__(attn_warps * 32) attention_kernel(attn_args a) {
+    CLOVER_LAUNCH_BOUND(attn_warps * 32);
     const std::int64_t t = blockIdx.x / a.H, h = blockIdx.x % a.H, kvh = h / (a.H / a.Hkv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float* q = a.q + (t * a.H + h) * a.hd;

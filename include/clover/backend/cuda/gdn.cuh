@@ -28,8 +28,9 @@ struct gdn_layout {
 };
 
 // y[t, c] = silu(Σ_i wc[c, i] · in(t-K+1+i, c) + Σ_d right[c, d-1] · m[t+d, c]) over [ring ; m].
-static __global__ void conv_silu_kernel(const float* ring, const float* m, const float* wc, const float* right, float* y,
-                                 std::int64_t n, std::int64_t C, int K) {
+static __global__ void __launch_bounds__(256) conv_silu_kernel(const float* ring, const float* m, const float* wc, const float* right, float* y,
+                                                        std::int64_t n, std::int64_t C, int K) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t id = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (id >= n * C) return;
     const std::int64_t t = id / C, c = id % C;
@@ -44,7 +45,8 @@ static __global__ void conv_silu_kernel(const float* ring, const float* m, const
 }
 
 // new_ring[r] = row n-(K-1)+r of [ring ; m]; written to a separate buffer (rows move backwards).
-static __global__ void advance_ring_kernel(const float* ring, const float* m, float* out, std::int64_t n, std::int64_t C, int K) {
+static __global__ void __launch_bounds__(256) advance_ring_kernel(const float* ring, const float* m, float* out, std::int64_t n, std::int64_t C, int K) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t id = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (id >= std::int64_t(K - 1) * C) return;
     const std::int64_t r = id / C, c = id % C, tau = n - (K - 1) + r;
@@ -67,6 +69,7 @@ inline void advance_ring(const float* ring, const float* m, float* out, std::int
 // One block of 128 per (row, q-or-k head): x / sqrt(Σx² + eps) (math::l2_norm, double sum),
 // q heads also times q_scale.
 static __global__ void __launch_bounds__(128) l2norm_qk_kernel(float* y, gdn_layout L, float eps, float q_scale) {
+    CLOVER_LAUNCH_BOUND(128);
     using reduce = cub::BlockReduce<double, 128>;
     CLOVER_SHARED(typename reduce::TempStorage, tmp);
     CLOVER_SHARED(float, scale);
@@ -115,6 +118,7 @@ struct gdn_scan_args {
 // it is the CPU's formula bit for bit (math::rms_norm), run once per token by one thread.
 template <int MaxThreads = 256>
 static __global__ void __launch_bounds__(MaxThreads) gdn_scan_kernel(gdn_scan_args a, gdn_layout L) {
+    CLOVER_LAUNCH_BOUND(MaxThreads);
     CLOVER_DYNAMIC_SHARED(float, sh);  // q[dk], k[dk]
     using reduce = cub::BlockReduce<double, MaxThreads>;
     CLOVER_SHARED(typename reduce::TempStorage, tmp);
@@ -178,6 +182,7 @@ static __global__ void __launch_bounds__(MaxThreads) gdn_scan_kernel(gdn_scan_ar
 // decode token) it removes 4 of the 5 passes over the head's 64 KiB of state.
 template <int DK, int MaxThreads = 256>
 static __global__ void __launch_bounds__(MaxThreads) gdn_scan_reg_kernel(gdn_scan_args a, gdn_layout L) {
+    CLOVER_LAUNCH_BOUND(MaxThreads);
     CLOVER_DYNAMIC_SHARED(float, sh);  // q[dk], k[dk]
     using reduce = cub::BlockReduce<double, MaxThreads>;
     CLOVER_SHARED(typename reduce::TempStorage, tmp);
@@ -262,6 +267,7 @@ inline void gdn_scan(const gdn_scan_args& a, const gdn_layout& L, cudaStream_t s
 // o: [rows, Hv, dv] in place ← RMSNorm per head (shared weight w[dv]) ⊙ silu(z) (gated_norm_out
 // before its projection). One block per (row, head).
 static __global__ void __launch_bounds__(128) gated_norm_kernel(float* o, const float* z, const float* w, std::int64_t dv, float eps) {
+    CLOVER_LAUNCH_BOUND(128);
     using reduce = cub::BlockReduce<double, 128>;
     CLOVER_SHARED(typename reduce::TempStorage, tmp);
     CLOVER_SHARED(float, scale);
@@ -292,6 +298,7 @@ template <int Threads = 256>
 static __global__ void __launch_bounds__(Threads) gdn_chunked_kernel(float* S_all, const float* y, const float* beta_all,
                                                               const float* g_all, float* o_all, gdn_layout L,
                                                               std::int64_t n, int chunk) {
+    CLOVER_LAUNCH_BOUND(Threads);
     CLOVER_DYNAMIC_SHARED(float, sh);
     const std::int64_t h = blockIdx.x, kh = L.qk_of(h), dk = L.dk, dv = L.dv, inner = L.Hv * dv, C = L.C;
     float* S = S_all + h * dk * dv;
@@ -407,6 +414,7 @@ inline void gdn_chunked(float* S, const float* y, const float* beta, const float
 static __global__ void __launch_bounds__(128) block_softmax_kernel(const float* S_all, const float* y, float* o_all, gdn_layout L,
                                                             std::int64_t B, const float* lambda, const float* hist_b,
                                                             const float* hist_c) {
+    CLOVER_LAUNCH_BOUND(128);
     CLOVER_DYNAMIC_SHARED(float, sh);  // q[dk], logits[B + 1]
     const std::int64_t t = blockIdx.x / L.Hv, h = blockIdx.x % L.Hv, kh = L.qk_of(h), dk = L.dk, dv = L.dv;
     const std::int64_t inner = L.Hv * dv;

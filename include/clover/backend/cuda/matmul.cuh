@@ -131,7 +131,8 @@ struct rows_src {
 
 // Element-wise conversions (F32: the value itself, for producers whose consumer reads floats).
 template <dtype AT, class Src>
-static __global__ void act_elems(Src src, void* y, std::int64_t n) {
+static __global__ void __launch_bounds__(256) act_elems(Src src, void* y, std::int64_t n) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float v = src(i);
@@ -141,14 +142,16 @@ static __global__ void act_elems(Src src, void* y, std::int64_t n) {
 }
 // One warp per block (the warp's blocks are consecutive: rows of K % 32 == 0 hold whole blocks).
 template <class Src>
-static __global__ void act_q8_0(Src src, std::uint8_t* y, std::int64_t n_blocks) {
+static __global__ void __launch_bounds__(256) act_q8_0(Src src, std::uint8_t* y, std::int64_t n_blocks) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t b = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (b >= n_blocks) return;  // whole warps leave together: the shuffles below see full warps
     q8_0_block_warp(src(b * 32 + lane), lane, y + b * q8_0_bytes);
 }
 template <class Src>
-static __global__ void act_q8_k(Src src, std::uint8_t* y, std::int64_t n_blocks) {
+static __global__ void __launch_bounds__(256) act_q8_k(Src src, std::uint8_t* y, std::int64_t n_blocks) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t b = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (b >= n_blocks) return;
@@ -225,6 +228,7 @@ __device__ inline bool tile_of(const mm_args& a, int rows, mm_tile& tl) {
 
 template <dtype T>
 static __global__ void __launch_bounds__(mm_warps * 32) mm_kernel(mm_args a) {
+    CLOVER_LAUNCH_BOUND(mm_warps * 32);
     const int lane = threadIdx.x % 32;
     const std::int64_t o = std::int64_t(blockIdx.x) * mm_warps + threadIdx.x / 32;
     if (o >= a.N) return;
@@ -251,6 +255,7 @@ static __global__ void __launch_bounds__(mm_warps * 32) mm_kernel(mm_args a) {
 // grouped tiles (a.tiles) may hold up to 8 rows of one matrix.
 template <dtype T>
 static __global__ void __launch_bounds__(mma_warps * 32) mma_kernel(mm_args a) {
+    CLOVER_LAUNCH_BOUND(mma_warps * 32);
     CLOVER_SHARED(mma_stage_buf, buf, [mma_warps]);
     const int wi = threadIdx.x / 32;
     const std::int64_t o0 = (std::int64_t(blockIdx.x) * mma_warps + wi) * mma_m;

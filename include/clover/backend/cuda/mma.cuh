@@ -110,8 +110,8 @@ __host__ __device__ inline const std::uint8_t* mma_x_row(const mma_job& j, int n
 // Lane's share of staging item `it`: the codes of half an output row (lane/2; 2 lanes per row)
 // and of a quarter of an activation row (lane/4; 4 lanes per row), as item_w_word / item_x_word
 // give them to dp4a in mm_kernel.
-template <dtype T>
-__host__ __device__ inline void mma_stage(const mma_job& j, std::int64_t it, int lane, mma_stage_buf& s) {
+template <dtype T, class Buf>
+__host__ __device__ inline void mma_stage(const mma_job& j, std::int64_t it, int lane, Buf& s) {
     constexpr int wpr = mma_k<T>() / 4;  // words per staged row: 8, Q6_K 4
     const int m = lane / 2, wa = (lane % 2) * (wpr / 2);
     const std::uint8_t* w = mma_w_row(j, m);
@@ -125,8 +125,8 @@ __host__ __device__ inline void mma_stage(const mma_job& j, std::int64_t it, int
 
 // Lane's A and B fragments from the staged item: a register's 4 bytes are consecutive k (the
 // layout functions at byte 0..3), the same 4 codes a staged word holds.
-template <dtype T>
-__host__ __device__ inline void mma_load(int lane, const mma_stage_buf& s, mma_lane& L) {
+template <dtype T, class Buf>
+__host__ __device__ inline void mma_load(int lane, const Buf& s, mma_lane& L) {
     constexpr int wpr = mma_k<T>() / 4;
     CLOVER_MMA_UNROLL
     for (int r = 0; r < mma_a_regs<T>(); ++r) L.a[r] = s.a[frag_a_row(lane, r) * wpr + frag_a_k(lane, r, 0) / 4];
@@ -193,7 +193,7 @@ __host__ __device__ inline void mma_store(const mma_job& j, int lane, const mma_
 #endif
 template <dtype T, class Warp>
 __host__ __device__ inline void mma_tile(const mma_job& j, Warp& warp) {
-    mma_stage_buf& buf = warp.buf();
+    auto&& buf = warp.buf();
     for (int i = 0; i < 32; ++i) {
         warp.each([&](int, mma_lane& L) {
             for (float& v : L.acc) v = 0.f;
@@ -211,6 +211,12 @@ __host__ __device__ inline void mma_tile(const mma_job& j, Warp& warp) {
     warp.each([&](int lane, mma_lane& L) { mma_store(j, lane, L); });
 }
 
+// The staging buffer as the device's Warp hands it out: smem_ptr views of its two arrays (plain
+// pointers under nvcc; under the emulated device, accesses its race detector sees).
+struct mma_stage_ref {
+    smem_ptr<std::uint32_t> a, b;
+};
+
 // The device's Warp: this thread's lane only; the host pass never runs it.
 struct mma_device_warp {
     int lane;
@@ -218,7 +224,7 @@ struct mma_device_warp {
     mma_stage_buf* s;
     template <class F>
     __host__ __device__ void each(F&& f) { f(lane, L); }
-    __host__ __device__ mma_stage_buf& buf() { return *s; }
+    __host__ __device__ mma_stage_ref buf() { return {smem_ptr<std::uint32_t>(s->a), smem_ptr<std::uint32_t>(s->b)}; }
     __host__ __device__ void sync() {
 #if CLOVER_DEVICE_CODE
         __syncwarp();

@@ -60,16 +60,25 @@ __host__ __device__ inline bool route_before(T a, int ea, T b, int eb) {
 // How many experts come before e by score (route_before), counted up to `limit`: e is one of the
 // C best (what select_coreset keeps) iff coreset_rank(score, X, e, C) < C. The count stops at the
 // limit because only that matters, which keeps the O(X²) scan short for all but the best experts.
-__host__ __device__ inline int coreset_rank(const double* score, int X, int e, int limit) {
+// Scores: const double* (the host twins), or route_kernel's shared array (checked accesses on the
+// emulated device).
+template <class Scores>
+__host__ __device__ inline int coreset_rank(Scores score, int X, int e, int limit) {
     int r = 0;
-    for (int f = 0; f < X && r < limit; ++f) r += route_before(score[f], f, score[e], e) ? 1 : 0;
+    const double se = score[e];
+    for (int f = 0; f < X && r < limit; ++f) {
+        const double sf = score[f];
+        r += route_before(sf, f, se, e) ? 1 : 0;
+    }
     return r;
 }
 
 // A row's k slots from its kk best candidates (top_p descending), as route_row: the weights
 // renormalised over the kk in double; slots past them (a coreset smaller than k) get weight 0 on
 // the best candidate.
-__host__ __device__ inline void route_finish(const float* top_p, const int* top_id, int kk, int k, int* ids, float* w) {
+// (P, I: const float* / const int*, or warp_topk's smem_ptr slots.)
+template <class P, class I>
+__host__ __device__ inline void route_finish(P top_p, I top_id, int kk, int k, int* ids, float* w) {
     double sum = 0;
     for (int j = 0; j < kk; ++j) sum += top_p[j];
     for (int j = 0; j < k; ++j) {
@@ -130,8 +139,8 @@ static __device__ __forceinline__ void warp_softmax(float* p, int X, float (&v)[
 // (>= +0). Every lane runs every round (the shuffles need all 32). top_p/top_id: the warp's
 // shared slots, written and read by lane 0 only; lane 0 writes the row's ids/w [k].
 template <int items>
-static __device__ __forceinline__ void warp_topk(float (&v)[items], int X, int k, const std::uint8_t* mask,
-                                                 float* top_p, int* top_id, int* ids, float* w) {
+static __device__ __forceinline__ void warp_topk(float (&v)[items], int X, int k, smem_ptr<const std::uint8_t> mask,
+                                                 smem_ptr<float> top_p, smem_ptr<int> top_id, int* ids, float* w) {
     const int lane = int(threadIdx.x) % 32;
 #pragma unroll
     for (int i = 0; i < items; ++i) {
@@ -176,11 +185,13 @@ static __device__ __forceinline__ void warp_topk(float (&v)[items], int X, int k
 template <int items>
 static __global__ void __launch_bounds__(route_threads) route_kernel(float* probs, int X, int k, const route_group* groups,
                                                                      int n_rows, int* ids, float* w) {
-    CLOVER_SHARED_RAW(double, score, [max_experts]);
-    CLOVER_SHARED_RAW(std::uint8_t, mask, [max_experts]);
-    CLOVER_SHARED_RAW(float, top_p, [route_warps][max_experts_used]);
-    CLOVER_SHARED_RAW(int, top_id, [route_warps][max_experts_used]);
-    static_assert(sizeof(score) + sizeof(mask) + sizeof(top_p) + sizeof(top_id) <= 48 * 1024, "static shared memory limit");
+    CLOVER_LAUNCH_BOUND(route_threads);
+    CLOVER_SHARED(double, score, [max_experts]);
+    CLOVER_SHARED(std::uint8_t, mask, [max_experts]);
+    CLOVER_SHARED(float, top_p, [route_warps][max_experts_used]);
+    CLOVER_SHARED(int, top_id, [route_warps][max_experts_used]);
+    static_assert((sizeof(double) + 1) * max_experts + (sizeof(float) + sizeof(int)) * route_warps * max_experts_used <= 48 * 1024,
+                  "static shared memory limit");
     route_group g;
     if (groups) {
         g = groups[blockIdx.x];
@@ -264,11 +275,13 @@ struct moe_scratch {
         cub_tmp, act, act_up, gu, hbuf, ys, sh_act, sh_gu, sh_h, sh_y, sh_gate;
 };
 
-static __global__ void iota_kernel(int* v, std::int64_t n) {
+static __global__ void __launch_bounds__(256) iota_kernel(int* v, std::int64_t n) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) v[i] = int(i);
 }
-static __global__ void count_kernel(const int* ids, std::int64_t n, int* counts) {
+static __global__ void __launch_bounds__(256) count_kernel(const int* ids, std::int64_t n, int* counts) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) atomicAdd(counts + ids[i], 1);  // integer counts: the order of the adds does not matter
 }
@@ -291,7 +304,8 @@ __host__ __device__ inline void expert_tiles(int e, int p0, int p1, int big, con
     int ti = tile_offsets[to_mma ? X + 1 + e : e];
     for (int p = p0; p < p1; p += R) out[ti++] = mm_tile{e, p, p + R < p1 ? p + R : p1};
 }
-static __global__ void tile_count_kernel(const int* counts, std::int64_t X, int big, int* tc) {
+static __global__ void __launch_bounds__(256) tile_count_kernel(const int* counts, std::int64_t X, int big, int* tc) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (e < X) {
         tc[e] = expert_tile_count(counts[e], big, false);
@@ -299,12 +313,14 @@ static __global__ void tile_count_kernel(const int* counts, std::int64_t X, int 
     }
     if (e == X) tc[X] = tc[2 * X + 1] = 0;  // so each exclusive scan's last entry is its total
 }
-static __global__ void tiles_kernel(const int* offsets, const int* tile_offsets, std::int64_t X, int big, mm_tile* tiles,
-                                    mm_tile* tiles8) {
+static __global__ void __launch_bounds__(128) tiles_kernel(const int* offsets, const int* tile_offsets, std::int64_t X, int big, mm_tile* tiles,
+                                                           mm_tile* tiles8) {
+    CLOVER_LAUNCH_BOUND(128);
     const std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (e < X) expert_tiles(int(e), offsets[e], offsets[e + 1], big, tile_offsets, X, tiles, tiles8);
 }
-static __global__ void maps_kernel(const int* slots_sorted, std::int64_t nk, int k, int* xmap, int* inv) {
+static __global__ void __launch_bounds__(256) maps_kernel(const int* slots_sorted, std::int64_t nk, int k, int* xmap, int* inv) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t p = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (p >= nk) return;
     xmap[p] = slots_sorted[p] / k;  // the token row of sorted position p
@@ -315,8 +331,9 @@ static __global__ void maps_kernel(const int* slots_sorted, std::int64_t nk, int
 // with a shared expert, + sigmoid(sgate[t]) · ysh[t] (sgate: the row's x·g, ysh: [n, E]).
 // The slots are visited by repeated selection of the next (id, slot) pair, k² reads of k ids
 // (k <= max_experts_used), instead of sorting into a local array that would live in local memory.
-static __global__ void combine_kernel(const int* ids, const float* w, const int* inv, const float* ys, float* out,
-                                      std::int64_t n, int k, std::int64_t E, const float* sgate, const float* ysh) {
+static __global__ void __launch_bounds__(256) combine_kernel(const int* ids, const float* w, const int* inv, const float* ys, float* out,
+                                                             std::int64_t n, int k, std::int64_t E, const float* sgate, const float* ysh) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t id = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (id >= n * E) return;
     const std::int64_t t = id / E, i = id % E;

@@ -47,6 +47,7 @@ __device__ inline float rms_value(float x, float scale, const float* w, std::int
 // null). One block per row; the sum of squares is a CUB block reduction in double.
 static __global__ void __launch_bounds__(row_threads) rms_norm_rows(const float* x, std::int64_t xs, const float* w, float* y,
                                                              std::int64_t ys, std::int64_t n, float eps) {
+    CLOVER_LAUNCH_BOUND(row_threads);
     const float* xr = x + blockIdx.x * xs;
     double ss = 0;
     for (std::int64_t i = threadIdx.x; i < n; i += row_threads) ss = row_sum_sq(ss, xr[i]);
@@ -76,8 +77,9 @@ struct rope_args {
 // ptxas -warn-lmem-usage reports a 32-byte stack frame: the Payne-Hanek slow path of sinf/cosf
 // for large angles (|θ| grows with the position) keeps its reduction table in local memory.
 // Inherent to full-precision sinf/cosf, which the CPU twin's bits need (__sinf would not match).
-static __global__ void rope_heads(float* x, std::int64_t ts, std::int64_t hs, std::int64_t heads, std::int64_t n_heads_total,
-                           std::int64_t pos0, rope_args r) {
+static __global__ void __launch_bounds__(256) rope_heads(float* x, std::int64_t ts, std::int64_t hs, std::int64_t heads, std::int64_t n_heads_total,
+                                                  std::int64_t pos0, rope_args r) {
+    CLOVER_LAUNCH_BOUND(256);
     const int half = r.n_rot / 2;
     const std::int64_t id = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (id >= n_heads_total * half) return;
@@ -110,6 +112,7 @@ inline void rope(float* x, std::int64_t ts, std::int64_t hs, std::int64_t heads,
 
 // In-place softmax of each row of x [rows, n]: math::softmax (max, exp, sum in double, scale).
 static __global__ void __launch_bounds__(row_threads) softmax_rows_kernel(float* x, std::int64_t n) {
+    CLOVER_LAUNCH_BOUND(row_threads);
     using fred = cub::BlockReduce<float, row_threads>;
     using dred = cub::BlockReduce<double, row_threads>;
     union reduce_storage {
@@ -146,7 +149,8 @@ inline void softmax_rows(float* x, std::int64_t rows, std::int64_t n, cudaStream
 __device__ inline float swiglu_value(float gate, float up) { return silu(gate) * up; }
 
 // h[p, f] = silu(gu[p, f]) · gu[p, F + f]: SwiGLU over rows holding [gate | up] (ld = 2F).
-static __global__ void swiglu_kernel(const float* gu, float* h, std::int64_t rows, std::int64_t F) {
+static __global__ void __launch_bounds__(256) swiglu_kernel(const float* gu, float* h, std::int64_t rows, std::int64_t F) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t id = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (id >= rows * F) return;
     const std::int64_t p = id / F, f = id % F;
@@ -160,7 +164,8 @@ inline void swiglu(const float* gu, float* h, std::int64_t rows, std::int64_t F,
 }
 
 // h += y (residual). (The attention output gate is applied inside paged attention.)
-static __global__ void add_kernel(float* h, const float* y, std::int64_t n) {
+static __global__ void __launch_bounds__(256) add_kernel(float* h, const float* y, std::int64_t n) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) h[i] += y[i];
 }
@@ -193,6 +198,7 @@ struct pending_norm {
 // elements it then writes, so out may be x (in place) and the block's h writes are visible.
 template <dtype AT>
 static __global__ void __launch_bounds__(row_threads) norm_act_rows(pending_norm p, std::uint8_t* act, std::size_t act_rb) {
+    CLOVER_LAUNCH_BOUND(row_threads);
     float* xr = p.x + blockIdx.x * p.xs;
     const float* ar = p.add ? p.add + blockIdx.x * p.xs : nullptr;
     double ss = 0;

@@ -63,8 +63,9 @@ __device__ inline float dequant_elem(const std::uint8_t* row, std::int64_t i) {
 
 // h[t, :] = row ids[t] of w, dequantized. One block per row.
 template <dtype T>
-static __global__ void embed_rows_kernel(const std::uint8_t* w, std::size_t row_bytes, const int* ids, float* h,
-                                         std::int64_t cols) {
+static __global__ void __launch_bounds__(256) embed_rows_kernel(const std::uint8_t* w, std::size_t row_bytes, const int* ids, float* h,
+                                                                std::int64_t cols) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::uint8_t* row = w + std::size_t(ids[blockIdx.x]) * row_bytes;
     float* out = h + std::int64_t(blockIdx.x) * cols;
     for (std::int64_t i = threadIdx.x; i < cols; i += blockDim.x) out[i] = dequant_elem<T>(row, i);
@@ -112,7 +113,8 @@ struct kv_layout {
 };
 
 // q/gate from qg [n, H, 2, hd].
-static __global__ void split_qg_kernel(const float* qg, float* q, float* gate, std::int64_t total, std::int64_t hd) {
+static __global__ void __launch_bounds__(256) split_qg_kernel(const float* qg, float* q, float* gate, std::int64_t total, std::int64_t hd) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= total) return;
     const std::int64_t head = i / hd, d = i % hd;
@@ -127,8 +129,9 @@ inline void split_qg(const float* qg, float* q, float* gate, std::int64_t n_head
 }
 
 // K/V rows [n, kvw] into the pages of non-preview rows, rounded to F16 when the pages are F16.
-static __global__ void kv_store_kernel(const float* k, const float* v, const row_info* rows, kv_layout L, std::int64_t kvw,
-                                       bool f16) {
+static __global__ void __launch_bounds__(128) kv_store_kernel(const float* k, const float* v, const row_info* rows, kv_layout L, std::int64_t kvw,
+                                                              bool f16) {
+    CLOVER_LAUNCH_BOUND(128);
     const row_info ri = rows[blockIdx.x];
     if (ri.blk_n > 0) return;  // preview rows never reach the cache
     const float* kr = k + std::int64_t(blockIdx.x) * kvw;
@@ -244,6 +247,7 @@ inline split_attn_plan plan_split_attention(std::int64_t n_rows, std::int64_t ma
 // group's heads as the M dimension of an mma) and double-buffered tiles are the next steps.
 template <bool F16>
 static __global__ void __launch_bounds__(sattn_warps * 32) paged_attention_kernel(paged_attn_args a) {
+    CLOVER_LAUNCH_BOUND(sattn_warps * 32);
     CLOVER_DYNAMIC_SHARED(float, smem);
     const int hd = int(a.hd), G = int(a.H / a.Hkv), kst = hd | 1;
     const std::int64_t tl = blockIdx.x / a.Hkv, t = a.row0 + tl;
@@ -366,6 +370,7 @@ static __global__ void __launch_bounds__(sattn_warps * 32) paged_attention_kerne
 // grid (launch rows · H): the splits of one (row, head) merged in split order, then the gate.
 // Rows with one split were finished by kernel 1.
 static __global__ void __launch_bounds__(128) paged_attention_merge_kernel(paged_attn_args a) {
+    CLOVER_LAUNCH_BOUND(128);
     const std::int64_t tl = blockIdx.x / a.H, t = a.row0 + tl, h = blockIdx.x % a.H;
     const row_info ri = a.rows[t];
     const std::int64_t n = std::int64_t(ri.n_cache) + ri.blk_n, ns = (n + sattn_split - 1) / sattn_split;
@@ -431,8 +436,9 @@ inline void paged_attention(paged_attn_args a, std::int64_t n_rows, std::int64_t
 // ---- Gated DeltaNet gates ----------------------------------------------------------------------
 
 // beta [n, Hv] <- σ(beta); alpha [n, Hv] <- A[h]·softplus(alpha + dt[h]) (gdn_mix's first loop).
-static __global__ void gdn_gates_kernel(float* beta, float* alpha, const float* A, const float* dt, std::int64_t total,
-                                        std::int64_t Hv) {
+static __global__ void __launch_bounds__(256) gdn_gates_kernel(float* beta, float* alpha, const float* A, const float* dt, std::int64_t total,
+                                                               std::int64_t Hv) {
+    CLOVER_LAUNCH_BOUND(256);
     const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= total) return;
     const std::int64_t h = i % Hv;

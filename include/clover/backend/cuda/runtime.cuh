@@ -36,18 +36,27 @@
 // poisoned arena and check the 48 KB / opt-in limits (under nvcc they are the plain declarations):
 //   CLOVER_SHARED(float, x, [8]);          __shared__ float x[8];
 //   CLOVER_DYNAMIC_SHARED(float, sh);      CLOVER_DYNAMIC_SHARED(float, sh);
-// Pointers into dynamic shared memory are smem_ptr<T> (T* under nvcc): the emulator's is a checked
+// Pointers into shared memory are smem_ptr<T> (T* under nvcc): the emulator's is a checked
 // pointer whose reads and writes feed its race detector (per barrier interval, racecheck-like).
 // Numbers and arrays of numbers declared with CLOVER_SHARED are checked there too (bounds, races);
-// CLOVER_SHARED_RAW keeps a plain array, for one that is handed to functions taking pointers.
+// such an array is handed to a function as smem_ptr<T>, so its accesses there stay checked.
 #if defined(CLOVER_CUDA_EMU)
 #define CLOVER_SHARED(T, name, ...) CLOVER_EMU_SHARED(T, name, __VA_ARGS__)
-#define CLOVER_SHARED_RAW(T, name, ...) CLOVER_EMU_SHARED_RAW(T, name, __VA_ARGS__)
 #define CLOVER_DYNAMIC_SHARED(T, name) CLOVER_EMU_DYNAMIC_SHARED(T, name)
 #else
 #define CLOVER_SHARED(T, name, ...) __shared__ T name __VA_ARGS__
-#define CLOVER_SHARED_RAW(T, name, ...) __shared__ T name __VA_ARGS__
 #define CLOVER_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
+
+// A kernel's __launch_bounds__(n), restated as the kernel's first statement: the emulated device
+// (whose function pointers carry no attribute) refuses a launch of more than n threads per block,
+// as the driver does (cudaErrorInvalidValue); under nvcc it is only a compile-time check of n.
+// The kernel is declared `__launch_bounds__(128) name(...)` and its body opens with
+// `CLOVER_LAUNCH_BOUND(128);` (cuda/emu/kernels_summary.cmake checks that the two agree).
+#if defined(CLOVER_CUDA_EMU)
+#define CLOVER_LAUNCH_BOUND(n) CLOVER_EMU_LAUNCH_BOUND(n)
+#else
+#define CLOVER_LAUNCH_BOUND(n) static_assert((n) > 0 && (n) <= 1024, "launch bound")
 #endif
 
 #define CLOVER_CUDA_CHECK(expr) ::clover::backend::cuda_detail::check((expr), #expr, __FILE__, __LINE__)

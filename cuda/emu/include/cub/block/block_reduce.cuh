@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <source_location>
+#include <string>
 #include <type_traits>
 
 #include "cuda_runtime.h"
@@ -20,28 +22,38 @@ class BlockReduce {
     static constexpr int threads = BLOCK_DIM_X * BLOCK_DIM_Y * BLOCK_DIM_Z;
 
 public:
-    // CUB's storage is one value per warp plus one; the emulator keeps the values itself, but the
-    // size counts against the block's shared memory as it would on the device.
+    // CUB's storage is one value per warp plus one. The emulator computes from the values it
+    // collects at the barrier, but the storage is used as CUB uses it, for the race detector: lane
+    // 0 of each warp writes its warp's slot before the reduction's barrier, thread 0 reads the
+    // other warps' slots after it, and nothing orders that read before the next reduction's writes
+    // into the same storage but a __syncthreads between the two.
     struct TempStorage {
         T slot[threads / 32 + 1];
     };
     explicit BlockReduce(TempStorage& t) : tmp_(t) {}
 
-    T Sum(T v) { return Reduce(v, plus{}); }
-    T Sum(T v, int num_valid) { return Reduce(v, plus{}, num_valid); }
+    // loc: the kernel's call (barrier and race messages name it).
+    T Sum(T v, std::source_location loc = std::source_location::current()) { return Reduce(v, plus{}, threads, loc); }
+    T Sum(T v, int num_valid, std::source_location loc = std::source_location::current()) {
+        return Reduce(v, plus{}, num_valid, loc);
+    }
     template <class Op>
-    T Reduce(T v, Op op) { return Reduce(v, op, threads); }
+    T Reduce(T v, Op op, std::source_location loc = std::source_location::current()) { return Reduce(v, op, threads, loc); }
     template <class Op>
     T Reduce(T v, Op, int num_valid, std::source_location loc = std::source_location::current()) {
         static_assert(std::is_empty_v<Op> && std::is_default_constructible_v<Op>, "emulated BlockReduce: a stateless operator");
         if (int(blockDim.x * blockDim.y * blockDim.z) != threads)
             ::clover_emu::report("cub::BlockReduce<" + std::to_string(threads) + "> in a block of " +
                                  std::to_string(blockDim.x * blockDim.y * blockDim.z) + " threads");
-        (void)tmp_;
+        const int t = ::clover_emu::current_thread->linear;
+        if (t % 32 == 0) ::clover_emu::shared_access(&tmp_.slot[t / 32], sizeof(T), true, loc);
         std::uint64_t bits = 0;
         std::memcpy(&bits, &v, sizeof(T));
         bits = ::clover_emu::block_collective(bits, &reduce<Op>, &num_valid, loc);
         std::memcpy(&v, &bits, sizeof(T));
+        if (t == 0)
+            for (int w = 1; w * 32 < (num_valid < threads ? num_valid : threads); ++w)
+                ::clover_emu::shared_access(&tmp_.slot[w], sizeof(T), false, loc);
         return v;
     }
 
