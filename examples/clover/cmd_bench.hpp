@@ -174,10 +174,10 @@ void run_tests(const options& o, const device_choice& dc) {
     const double t0 = now_s();
     auto m = open_model<M>(o.model, o.threads, dc);
     const double load_s = now_s() - t0;
-    const std::string placement = weights_placement(m->backend());
+    const std::string placement = weights_placement(stage0(*m).backend());
     const bool with_decoder = o.decoder != "ar";
     if (with_decoder || o.preview > 0) m->require_diffusion();
-    const auto& f = *m->weights().file;
+    const auto& f = *stage0(*m).weights().file;
     std::size_t bytes = 0, params = 0;
     for (const auto& t : f.tensors()) {
         bytes += t.nbytes;
@@ -287,8 +287,8 @@ void run_tests(const options& o, const device_choice& dc) {
                                     o.gen_prompt, 0, {}}});
     using B = typename M::backend_type;
     const std::string desc = m->hp().arch + " " + std::to_string(m->hp().n_layer) + "L " + type_summary(f);
-    const std::string isa = backend_isa(m->backend());
-    const int threads = m->backend().threads();
+    const std::string isa = backend_isa(stage0(*m).backend());
+    const int threads = stage0(*m).backend().threads();
     const std::int64_t coreset_used = o.coreset >= 0 ? o.coreset : m->hp().diffusion_coreset;
     if (!o.json) {
         std::printf("| %-28s | %9s | %7s | %-10s | %7s | %8s | %16s |\n", "model", "size", "params", "backend", "threads", "test", "t/s");
@@ -414,6 +414,7 @@ inline void add_bench_commands(CLI::App& app) {
     c->callback([o, c] {
         if (o->trace) {
             on_device(o->dev, [&]<class M>(std::type_identity<M>, const device_choice& dc) {
+                if (is_pipeline<M>) fail("bench: --trace runs one process; it does not go with --pipeline");
                 bench_detail::trace_passes<typename M::backend_type>(o->model, o->threads, dc, std::max<long long>(1, o->parallel));
             });
             return;

@@ -33,11 +33,11 @@ inline constexpr std::size_t max_logits_bytes = std::size_t(4) << 30;
 
 // The generation options and decoder `generate` asks for.
 template <class M, class Opts>
-decode::generate_options generate_options_of(const Opts& o, const M& m) {
+decode::generate_options generate_options_of(const Opts& o, M& m) {
     decode::generate_options g;
     g.max_tokens = o.n;
     g.ignore_eos = o.ignore_eos;
-    if (auto eos = m.weights().file->get_int("tokenizer.ggml.eos_token_id")) g.eog.push_back(token(*eos));
+    if (auto eos = stage0(m).weights().file->get_int("tokenizer.ggml.eos_token_id")) g.eog.push_back(token(*eos));
     if (!o.greedy) g.sampling = {o.temp, o.top_k, o.top_p, o.min_p, o.seed};
     return g;
 }

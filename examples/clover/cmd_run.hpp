@@ -71,9 +71,12 @@ std::unique_ptr<M> load_with_progress(const std::string& path, int threads, cons
     const bool tty = isatty(2) != 0;
     if (!quiet) std::fprintf(stderr, "loading %s ...", name.c_str());
     auto m = open_model<M>(path, threads, dc);
-    const auto& tensors = m->weights().file->tensors();
+    // A pipeline's stages map only their own layers (populated as each loads): faulting the
+    // whole file in here would undo that.
+    const auto& tensors = stage0(*m).weights().file->tensors();
+    const std::size_t n_fault = is_pipeline<M> ? 0 : tensors.size();
     std::size_t total = 0, done = 0;
-    for (const auto& t : tensors) total += t.nbytes;
+    for (std::size_t k = 0; k < n_fault; ++k) total += tensors[k].nbytes;
     volatile unsigned char sink = 0;
     int shown = -1;
     auto bar = [&] {
@@ -86,17 +89,24 @@ std::unique_ptr<M> load_with_progress(const std::string& path, int threads, cons
         std::fprintf(stderr, "\rloading %s [%s] %3d%% %zu/%zu MiB", name.c_str(), b, pct, done >> 20, total >> 20);
         std::fflush(stderr);
     };
-    for (const auto& t : tensors) {
+    for (std::size_t k = 0; k < n_fault; ++k) {
+        const auto& t = tensors[k];
         const auto* p = reinterpret_cast<const unsigned char*>(t.data);
         for (std::size_t i = 0; p && i < t.nbytes; i += 4096) sink = sink ^ p[i];  // fault the pages in
         done += t.nbytes;
         bar();
     }
     done = total;
-    bar();
-    if (!quiet)
-        std::fprintf(stderr, "%sloaded %s: %zu MiB in %.2f s\n", tty ? "\n" : " ", name.c_str(), total >> 20,
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (n_fault) bar();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if constexpr (is_pipeline<M>) {
+        const stage_range r = m->split()[0];
+        if (!quiet)
+            std::fprintf(stderr, " loaded %s: stage 0 of %zu (layers [%lld, %lld)) in %.2f s\n", name.c_str(), m->split().size(),
+                         (long long)r.first, (long long)r.last, secs);
+    } else if (!quiet) {
+        std::fprintf(stderr, "%sloaded %s: %zu MiB in %.2f s\n", tty && n_fault ? "\n" : " ", name.c_str(), total >> 20, secs);
+    }
     return m;
 }
 

@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
         if (e.get_exit_code() == 0) return app.exit(e);
         std::fprintf(stderr, "error: %s\n", e.what());
         return 2;
+    } catch (const clover::cli::quiet_exit& e) {
+        return e.code;
     } catch (const clover::error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;

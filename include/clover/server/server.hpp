@@ -26,6 +26,7 @@
 // bytes that are not UTF-8 cannot make a dump() throw.
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <condition_variable>
 #include <csignal>
 #include <cstdint>
@@ -436,14 +437,17 @@ private:
             reply_error(res, 500, msg);
         });
         auto health = [this](const httplib::Request& req, httplib::Response& res) {
-            json j = {{"status", "ok"}};
+            const std::string broken = model_broken();
+            json j = {{"status", broken.empty() ? "ok" : "error"}};
             // Counters tell a stranger how busy the server is and what it serves: with a key,
             // only for whoever has it.
             if (opt_.api_key.empty() || policy_.key_ok(req.get_header_value("Authorization"), req.get_header_value("X-Api-Key"))) {
                 const counters c = stats();
-                j = {{"status", "ok"}, {"model", opt_.model_id}, {"busy", c.busy}, {"running", c.running}, {"queued", c.queued},
-                     {"requests", c.requests}, {"completed", c.completed}, {"cancelled", c.cancelled}};
+                j = {{"status", broken.empty() ? "ok" : "error"}, {"model", opt_.model_id}, {"busy", c.busy}, {"running", c.running},
+                     {"queued", c.queued}, {"requests", c.requests}, {"completed", c.completed}, {"cancelled", c.cancelled}};
+                if (!broken.empty()) j["error"] = broken;
             }
+            if (!broken.empty()) res.status = 503;
             res.set_content(dump(j), "application/json");
         };
         svr.Get("/health", health);
@@ -499,7 +503,18 @@ private:
         return s;
     }
 
+    // Why the model can no longer run, or "": a model type that can fail for good (a model split
+    // over processes whose stage is gone: pipeline::pipeline) says so through broken().
+    std::string model_broken() const {
+        if constexpr (requires(Model& m) { { m.broken() } -> std::convertible_to<std::string>; }) return model_.broken();
+        else return {};
+    }
+
     void completion(const httplib::Request& hreq, httplib::Response& res, const httplib::ContentReader& reader, bool chat_api) {
+        if (const std::string why = model_broken(); !why.empty()) {
+            rejected();  // reply_error adds Retry-After to every 503
+            return reply_error(res, 503, "the model cannot run: " + why, "server_error");
+        }
         auto held = take_slot();
         if (!held) {
             rejected();  // reply_error adds Retry-After to every 503
@@ -540,7 +555,8 @@ private:
                 }
             }
             rb.finish();
-            if (!j->error.empty()) return reply_error(res, 500, "generation failed: " + j->error, "server_error");
+            if (!j->error.empty())  // 503 when the model failed for good (model_broken), else 500
+                return reply_error(res, model_broken().empty() ? 500 : 503, "generation failed: " + j->error, "server_error");
             json choice = {{"index", 0}};
             if (chat_api) choice["message"] = rb.message();
             else choice["text"] = rb.text_so_far();
