@@ -8,6 +8,10 @@
 //              which rank failed and end the job (expect_failure.sh checks the words and the time)
 //   killed-without-heartbeats  the same with the heartbeats off: rank 0 then only learns of the
 //              death at its 30 s deadline, so under expect_failure.sh it fails (shows the test can)
+//   progress   rank 0 starts a 4 MB send and then computes (sleeps) without calling MPI: the
+//              communicator's progress thread must move it, so rank 1 has it long before rank 0
+//              waits; the counters (stats) count its bytes and rank 1's time blocked
+//   progress-off  the same with the progress thread's polling off: it fails (shows the test can)
 // Exit status 0 when every check held on every rank.
 #include <chrono>
 #include <csignal>
@@ -99,6 +103,32 @@ void ring(mpi_communicator& c, int die_at_round) {
     for (request& q : sent) q.wait(patience);
 }
 
+void progress(mpi_communicator& c) {
+    const int me = c.rank();
+    constexpr std::size_t size = std::size_t(4) << 20;  // far above any eager limit
+    constexpr auto busy = std::chrono::milliseconds(800);
+    c.barrier(patience);
+    const stats before = c.stats();
+    if (me == 0) {
+        request q = c.isend(1, 3, bytes(size, std::byte{7}));
+        std::this_thread::sleep_for(busy);  // a stage computing its next micro-batch
+        q.wait(patience);
+        check(c.stats().bytes_sent - before.bytes_sent == size, me, "bytes sent counted");
+    } else if (me == 1) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const bytes b = c.recv(0, 3, patience);
+        const auto took = std::chrono::steady_clock::now() - t0;
+        check(b.size() == size && b.back() == std::byte{7}, me, "the large message");
+        check(took < busy / 2, me, "the large message waited for its sender's next MPI call (" +
+                                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) + " ms)");
+        const stats s = c.stats();
+        check(s.bytes_received - before.bytes_received == size && s.messages_received - before.messages_received == 1, me,
+              "bytes received counted");
+        check(s.waited - before.waited >= took / 2, me, "time blocked counted");
+    }
+    c.barrier(patience);
+}
+
 void broadcast(mpi_communicator& c) {
     const int me = c.rank(), last = c.size() - 1;
     bytes b = me == last ? hidden_message(5, 0) : bytes{};
@@ -132,12 +162,14 @@ int main(int argc, char** argv) {
     mpi_session session(&argc, &argv);
     mpi_options opt;
     if (mode == "killed-without-heartbeats") opt.heartbeat = duration(0);
+    if (mode == "progress-off") opt.progress = std::chrono::microseconds(0);
     mpi_communicator c(opt);
     try {
         if (mode == "ring") ring(c, -1);
         else if (mode == "broadcast") broadcast(c);
+        else if (mode == "progress" || mode == "progress-off") progress(c);
         else if (mode == "killed" || mode == "killed-without-heartbeats") ring(c, 3);
-        else c.abort("mpi_driver: unknown mode '" + mode + "' (ring, broadcast, killed)");
+        else c.abort("mpi_driver: unknown mode '" + mode + "' (ring, broadcast, killed, progress)");
     } catch (const peer_error& e) {
         // Rank 0 speaks for the job: it names the failed rank and ends every rank. The others
         // report what they saw and leave the ending to rank 0.

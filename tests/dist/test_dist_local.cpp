@@ -227,3 +227,35 @@ TEST_CASE("messages: a wrong kind, field, length or a short message is one clear
     }
     CHECK_THROWS_WITH_AS(reader(bytes{}, 1, "empty"), doctest::Contains("empty: message ends inside field 0"), clover::error);
 }
+
+TEST_CASE("local group: stats count messages, bytes and the time blocked waiting; reset_stats zeroes them") {
+    local_group g(2);
+    run_ranks(g, [](communicator& c) {
+        if (c.rank() == 0) {
+            std::this_thread::sleep_for(150ms);  // rank 1 is blocked meanwhile
+            c.send(1, 1, bytes(1000));
+            c.isend(1, 1, bytes(24)).wait(patience);
+            const stats s = c.stats();
+            CHECK(s.messages_sent == 2);
+            CHECK(s.bytes_sent == 1024);
+            CHECK(s.messages_received == 0);
+            CHECK(s.waited < 100ms);  // sends of the local group never block
+            c.barrier(patience);
+        } else {
+            CHECK(c.recv(0, 1, patience).size() == 1000);
+            request q = c.irecv(0, 1);
+            CHECK(q.take(patience).size() == 24);
+            const stats s = c.stats();
+            CHECK(s.messages_received == 2);
+            CHECK(s.bytes_received == 1024);
+            CHECK(s.messages_sent == 0);
+            CHECK(s.waited >= 100ms);
+            c.reset_stats();
+            CHECK(c.stats().messages_received == 0);
+            CHECK(c.stats().waited == std::chrono::nanoseconds(0));
+            c.barrier(patience);  // the communicator's own messages count too
+            CHECK(c.stats().messages_sent == 1);
+            CHECK(c.stats().messages_received == 1);
+        }
+    });
+}

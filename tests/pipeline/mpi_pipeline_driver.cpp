@@ -3,8 +3,10 @@
 // Rank 0 drives the pipeline (COUNTS: a --layer-split value; none: an even split) and, beside it,
 // the whole model of the same file; every other rank serves its stage. Rank 0 checks that the
 // logits of a prefill, a decode, a preview with a coreset (where the file can), verify rows and a
-// rollback are the whole model's bit for bit in exact mode, and that greedy generation gives the
-// same tokens. Exit status 0 when every check held.
+// rollback are the whole model's bit for bit in exact mode, as are passes of six sequences of
+// mixed kinds (cut into micro-batches that stream through the ranks), and that greedy generation
+// gives the same tokens; every rank ran every micro-batch (the gathered counters). Exit status 0
+// when every check held.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -40,6 +42,8 @@ std::vector<token> ids_of(std::int64_t n, std::int64_t vocab, std::uint32_t seed
     return v;
 }
 
+std::size_t c_size(const rt_pipe& p) { return p.split().size(); }
+
 // One pass on both sides; the logits compared bit for bit.
 void pass(rt_model& whole, session& a, rt_pipe& p, session& b, pass_kind k, const std::vector<token>& ids,
           std::int64_t logits, std::int64_t coreset, const char* what) {
@@ -66,6 +70,46 @@ void drive(const std::shared_ptr<const io::gguf_file>& f, dist::communicator& c,
     whole.rollback(a, 2);
     p.rollback(b, 2);
     pass(whole, a, p, b, pass_kind::commit, ids_of(1, V, 5), 1, -1, "decode after rollback");
+
+    // Six sequences per pass, of mixed kinds: micro-batches, one behind the other.
+    {
+        std::vector<session> ws, ps;
+        for (int i = 0; i < 6; ++i) {
+            ws.push_back(whole.new_session({.ctx = 64}));
+            ps.push_back(p.new_session({.ctx = 64}));
+        }
+        const auto before = p.gather_stats();
+        auto many = [&](const std::vector<pass_kind>& kinds, std::uint32_t seed, const char* what) {
+            std::vector<std::vector<token>> ids;
+            std::vector<pass_request> rw, rp;
+            for (std::size_t i = 0; i < kinds.size(); ++i) {
+                const bool pre = kinds[i] == pass_kind::preview;
+                ids.push_back(ids_of(kinds[i] == pass_kind::commit && seed == 10 ? std::int64_t(3 + 2 * i) : 3, V, seed + std::uint32_t(i)));
+                if (pre) ids.back()[1] = token(whole.hp().mask_token_id);
+            }
+            for (std::size_t i = 0; i < kinds.size(); ++i) {
+                const std::int64_t lg = i == 3 ? 0 : std::int64_t(ids[i].size());  // one segment without logits
+                rw.push_back({&ws[i], kinds[i], ids[i], lg, kinds[i] == pass_kind::preview ? 2 : -1});
+                rp.push_back({&ps[i], kinds[i], ids[i], lg, kinds[i] == pass_kind::preview ? 2 : -1});
+            }
+            std::vector<float> x, y;
+            whole.run(rw, x, true);
+            p.run(rp, y, true);
+            check(x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0, what);
+        };
+        const auto c = pass_kind::commit;
+        many({c, c, c, c, c, c}, 10, "six prefills in one pass");
+        const pass_kind pv = whole.diffusion_unavailable().empty() ? pass_kind::preview : c;
+        many({c, pass_kind::verify, pv, c, pass_kind::verify, c}, 20, "six mixed segments in one pass");
+        whole.rollback(ws[1], 1);
+        p.rollback(ps[1], 1);
+        many({c, c, c, c, c, c}, 30, "six decodes of three rows after a rollback");
+        const auto after = p.gather_stats();
+        for (std::size_t r = 1; r < after.size(); ++r)
+            check(after[r].micro_batches - before[r].micro_batches == after[0].micro_batches - before[0].micro_batches &&
+                      after[0].micro_batches - before[0].micro_batches == 3 * std::uint64_t(c_size(p)),
+                  "the micro-batches every rank ran");
+    }
 
     decode::generate_options o;
     o.max_tokens = 8;

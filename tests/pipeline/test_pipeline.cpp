@@ -444,3 +444,179 @@ TEST_CASE("pipeline: a bad split is one clear error before anything is loaded; a
         CHECK_THROWS_WITH_AS(pipeline::serve_stage(first, *c1), doctest::Contains("holds the first stage"), error);
     }
 }
+
+namespace {
+
+// Seven sequences in every pass, of every segment kind at once (prefill, decode, preview with and
+// without a coreset, verify, a segment without logits), then rollbacks and a decode of them all:
+// cut into micro-batches, the whole model's bits.
+void many(side_by_side& p, bool diffusion, std::uint64_t seed) {
+    const std::int64_t V = p.whole.n_vocab();
+    std::vector<seq_pair> s;
+    for (int i = 0; i < 7; ++i) s.push_back(p.open());
+    auto at = [&](int i) { return &s[std::size_t(i)]; };
+    std::vector<step> pre;
+    for (int i = 0; i < 7; ++i) {
+        const std::int64_t n = 2 + 3 * i;
+        pre.push_back({at(i), pass_kind::commit, pl_ids(n, V, seed + std::uint64_t(i)), i % 2 ? n : 1});
+    }
+    p.check(pre);
+    auto block = pl_ids(4, V, seed + 10);
+    block[1] = token(p.whole.hp().mask_token_id);
+    auto preview_or_decode = [&](int i, std::int64_t coreset) {
+        return diffusion ? step{at(i), pass_kind::preview, block, 4, coreset} : step{at(i), pass_kind::commit, pl_ids(1, V, seed + 11), 1};
+    };
+    p.check({{at(0), pass_kind::commit, pl_ids(1, V, seed + 12), 1},
+             {at(1), pass_kind::verify, pl_ids(3, V, seed + 13), 3},
+             preview_or_decode(2, 2),
+             {at(3), pass_kind::commit, pl_ids(1, V, seed + 14), 1},
+             {at(4), pass_kind::verify, pl_ids(2, V, seed + 15), 2},
+             preview_or_decode(5, -1),
+             {at(6), pass_kind::commit, pl_ids(5, V, seed + 16), 0}});
+    p.each(*at(1), [](auto& m, session& x) { m.rollback(x, 1); });
+    p.each(*at(4), [](auto& m, session& x) { m.rollback(x, 2); });
+    std::vector<step> dec;
+    for (int i = 6; i >= 0; --i) dec.push_back({at(i), pass_kind::commit, pl_ids(1, V, seed + 20 + std::uint64_t(i)), 1});
+    p.check(dec);  // another order than the sessions were opened in
+}
+
+}  // namespace
+
+TEST_CASE("pipeline: micro_batch_cuts cuts by request, in order, about equal rows, never more groups than requests") {
+    using v = std::vector<std::size_t>;
+    const std::vector<std::int64_t> eight = {64, 1, 1, 1, 1, 1, 1, 64};
+    CHECK(pipeline::micro_batch_cuts(eight, 2) == v{0, 4, 8});  // 67 rows each
+    CHECK(pipeline::micro_batch_cuts(std::vector<std::int64_t>(8, 1), 2) == v{0, 4, 8});
+    CHECK(pipeline::micro_batch_cuts(std::vector<std::int64_t>(8, 1), 3) == v{0, 3, 6, 8});
+    CHECK(pipeline::micro_batch_cuts(std::vector<std::int64_t>(8, 1), 2, 4) == v{0, 2, 4, 6, 8});
+    CHECK(pipeline::micro_batch_cuts(std::vector<std::int64_t>{1, 1, 1}, 2, 9) == v{0, 1, 2, 3});  // one per request at most
+    CHECK(pipeline::micro_batch_cuts(std::vector<std::int64_t>{1, 1, 100}, 3) == v{0, 1, 2, 3});  // every group gets one
+    CHECK(pipeline::micro_batch_cuts(std::vector<std::int64_t>{100, 1, 1}, 3) == v{0, 1, 2, 3});
+    CHECK(pipeline::micro_batch_cuts(std::vector<std::int64_t>{5}, 4) == v{0, 1});      // one request: one message per boundary
+    CHECK(pipeline::micro_batch_cuts(std::vector<std::int64_t>{1, 2, 3}, 1) == v{0, 3});  // one stage: one pass
+    CHECK_THROWS_WITH_AS(pipeline::micro_batch_cuts(eight, 2, -1), doctest::Contains("-1 micro-batches"), error);
+}
+
+TEST_CASE("pipeline: many sequences of mixed kinds as micro-batches, 2 and 3 stages, bit for bit; counters add up") {
+    struct config {
+        std::shared_ptr<const io::gguf_file> f;
+        int n;
+        std::vector<std::int64_t> counts;
+        bool diffusion;
+        std::int64_t micro;
+    };
+    const auto clover_file = load(bundled_pl);
+    const auto qwen = qwen_file();
+    for (const config& cf : std::vector<config>{{clover_file, 2, {}, true, 0},
+                                                {clover_file, 3, {3, 2, 3}, true, 0},
+                                                {clover_file, 2, {}, true, 7},
+                                                {qwen, 3, {1, 2, 2}, false, 4}}) {
+        CAPTURE(cf.n);
+        CAPTURE(cf.micro);
+        rt_model whole(cf.f, backend::cpu_options{.threads = 1});
+        ranks rk(cf.n, cf.f, cf.counts);
+        {
+            rt_pipe pipe(cf.f, *rk.c0, {.layer_split = cf.counts, .timeout = patience, .micro_batches = cf.micro},
+                         backend::cpu_options{.threads = 1});
+            side_by_side p{whole, pipe};
+            const auto before = pipe.gather_stats();
+            REQUIRE(before.size() == std::size_t(cf.n));
+            many(p, cf.diffusion, 100);
+            const auto after = pipe.gather_stats();
+            // Three passes of seven sequences, each cut into `per` micro-batches that every rank ran.
+            const std::uint64_t per = cf.micro ? std::uint64_t(cf.micro) : std::uint64_t(cf.n);
+            CHECK(pipe.passes() == 3);
+            for (int r = 0; r < cf.n; ++r) {
+                CAPTURE(r);
+                CHECK(after[std::size_t(r)].micro_batches - before[std::size_t(r)].micro_batches == 3 * per);
+                CHECK(after[std::size_t(r)].rows == after[0].rows);
+                CHECK(after[std::size_t(r)].comm.bytes_sent > before[std::size_t(r)].comm.bytes_sent);
+            }
+            // The last rank sent at least every logits row of many()'s three passes (f32, n_vocab each).
+            const std::int64_t logits_rows = 37 + (cf.diffusion ? 15 : 9) + 7;
+            CHECK(after.back().comm.bytes_sent - before.back().comm.bytes_sent >= std::uint64_t(logits_rows * whole.n_vocab() * 4));
+            CHECK(after[0].comm.bytes_received >= after.back().comm.bytes_sent - before.back().comm.bytes_sent);
+
+            // Bad input in a later micro-batch fails before the first one leaves: nothing moved.
+            const std::int64_t V = whole.n_vocab();
+            std::vector<seq_pair> s;
+            for (int i = 0; i < 5; ++i) s.push_back(p.open({.ctx = 8}));
+            auto run_pipe = [&](std::vector<step> steps) {
+                std::vector<pass_request> q;
+                for (const step& x : steps) q.push_back({&x.s->pipe, x.kind, x.ids, x.logits, x.coreset});
+                std::vector<float> out;
+                pipe.run(q, out, true);
+            };
+            std::vector<step> bad;
+            for (int i = 0; i < 5; ++i) bad.push_back({&s[std::size_t(i)], pass_kind::commit, pl_ids(2, V, 200 + std::uint64_t(i)), 1});
+            bad[4].ids[1] = token(V);
+            const std::string out_of_range = "token id " + std::to_string(V) + " at position 1 is out of range";
+            CHECK_THROWS_WITH_AS(run_pipe(bad), doctest::Contains(out_of_range.c_str()), error);
+            bad[4].ids = pl_ids(9, V, 210);
+            CHECK_THROWS_WITH_AS(run_pipe(bad), doctest::Contains("context full: 0 + 9 tokens exceed the context size 8"), error);
+            bad[4] = {&s[0], pass_kind::commit, pl_ids(1, V, 211), 1};
+            CHECK_THROWS_WITH_AS(run_pipe(bad), doctest::Contains("has two segments in one pass"), error);
+            CHECK(pipe.broken().empty());
+            CHECK(s[0].pipe.n_past() == 0);
+            bad[4] = {&s[4], pass_kind::commit, pl_ids(2, V, 212), 2};
+            p.check(bad);  // every stage is where it was: the same bits as the whole model
+        }
+        rk.c0.reset();
+        for (auto& t : rk.ts) t.join();
+        rk.ts.clear();
+        for (int r = 1; r < cf.n; ++r) CHECK(rk.result[std::size_t(r)] == "");
+    }
+}
+
+TEST_CASE("pipeline: a rank that dies or fails in the middle of a pass's micro-batches ends in a stage_error, no hang") {
+    const auto f = qwen_file();
+    const std::vector<token> ids = {1, 2, 3};
+    for (int n : {2, 3}) {
+        for (bool kill : {true, false}) {
+            CAPTURE(n);
+            CAPTURE(kill);
+            // Rank 1 fails (or its process is gone) in its second micro-batch of the first pass.
+            auto group = std::make_shared<dist::local_group*>(nullptr);
+            ranks rk(n, [f, kill, group](int r, dist::communicator& c) {
+                struct dying : faulty {
+                    using faulty::faulty;
+                    dist::local_group* g = nullptr;
+                    int self = 0;
+                    void run_stage(std::span<const pass_request> reqs, const float* h, std::vector<float>& out, bool exact = false) {
+                        if (g && bad_pass == 0) g->kill(self);
+                        faulty::run_stage(reqs, h, out, exact);
+                    }
+                };
+                dying m(f, pipeline::stage_of_rank(*f, c), backend::cpu_options{.threads = 1});
+                if (r == 1) {
+                    m.bad_pass = 1;
+                    m.g = kill ? *group : nullptr;
+                    m.self = r;
+                }
+                return pipeline::serve_stage(m, c, {patience});
+            });
+            *group = &rk.g;
+            rt_pipe pipe(f, *rk.c0, {.timeout = patience, .micro_batches = 3}, backend::cpu_options{.threads = 1});
+            std::vector<session> s;
+            for (int i = 0; i < 6; ++i) s.push_back(pipe.new_session({.ctx = 32}));
+            std::vector<pass_request> q;
+            for (session& x : s) q.push_back({&x, pass_kind::commit, ids, 1});
+            std::vector<float> out;
+            const auto t0 = std::chrono::steady_clock::now();
+            const std::string msg = testutil::error_of([&] { pipe.run(q, out, true); });
+            CHECK(std::chrono::steady_clock::now() - t0 < 2s);  // the deadline is 20 s: it did not wait for it
+            // Killed: rank 0 finds it gone itself, or the next rank says its rows did not come.
+            if (kill) CHECK(msg.find("rank 1 is gone (killed)") != std::string::npos);
+            else CHECK(msg == "pipeline: " + pipeline::stage_name(1, pipe.split()[1]) + " failed: injected pass failure");
+            CHECK(pipe.broken() == msg);
+            bool threw = false;
+            try {
+                pipe.run(q, out, true);
+            } catch (const pipeline::stage_error& e) {
+                threw = true;
+                CHECK(e.stage() == 1);
+            }
+            CHECK(threw);
+        }
+    }
+}

@@ -8,8 +8,10 @@
 /// and mpi_communicator (MPI ranks, mpi.hpp). A peer that is gone (killed, closed, stopped
 /// answering) or a deadline that passes ends a wait with a peer_error naming the peer rank, so a
 /// pipeline never hangs on a dead stage.
+#include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -55,6 +57,39 @@ inline constexpr int broadcast = 32002;
 inline constexpr int heartbeat = 32003;
 }  // namespace tags
 
+/// What a communicator has done since it was made or reset_stats() was called: messages and
+/// bytes (payloads, the communicator's own barrier and broadcast messages included, an
+/// implementation's heartbeats not), and the time its caller spent blocked in a wait (send,
+/// recv, request::wait / take, broadcast, barrier): for a pipeline, the time a rank waits on
+/// its peers rather than computing.
+struct stats {
+    std::uint64_t messages_sent = 0;      ///< messages sent
+    std::uint64_t bytes_sent = 0;         ///< their payload bytes
+    std::uint64_t messages_received = 0;  ///< messages received (taken)
+    std::uint64_t bytes_received = 0;     ///< their payload bytes
+    std::chrono::nanoseconds waited{0};   ///< time blocked waiting for operations to complete
+};
+
+namespace detail {
+// The counters behind stats: relaxed atomics (a few adds per message), shared with the requests
+// so that a request that outlives its communicator still counts somewhere valid.
+struct counters {
+    std::atomic<std::uint64_t> n_sent{0}, sent{0}, n_received{0}, received{0}, wait_ns{0};
+    stats snapshot() const {
+        stats s;
+        s.messages_sent = n_sent.load(std::memory_order_relaxed);
+        s.bytes_sent = sent.load(std::memory_order_relaxed);
+        s.messages_received = n_received.load(std::memory_order_relaxed);
+        s.bytes_received = received.load(std::memory_order_relaxed);
+        s.waited = std::chrono::nanoseconds(wait_ns.load(std::memory_order_relaxed));
+        return s;
+    }
+    void reset() {
+        for (auto* a : {&n_sent, &sent, &n_received, &received, &wait_ns}) a->store(0, std::memory_order_relaxed);
+    }
+};
+}  // namespace detail
+
 /// What an implementation provides for one non-blocking operation.
 class request_state {
 public:
@@ -81,19 +116,39 @@ public:
     /// True once complete (never blocks); throws peer_error if it can no longer complete.
     bool test() { return state().test(); }
     /// Blocks until complete, or throws peer_error (peer gone, or `timeout` passed).
-    void wait(duration timeout = no_deadline) { state().wait(timeout); }
+    void wait(duration timeout = no_deadline) {
+        request_state& st = state();
+        if (!c_) return st.wait(timeout);
+        const auto t0 = std::chrono::steady_clock::now();
+        struct count {  // the time blocked counts also when the wait throws
+            detail::counters& c;
+            std::chrono::steady_clock::time_point t0;
+            ~count() {
+                c.wait_ns.fetch_add(std::uint64_t((std::chrono::steady_clock::now() - t0).count()), std::memory_order_relaxed);
+            }
+        } cnt{*c_, t0};
+        st.wait(timeout);
+    }
     /// Waits, then moves the received message out (a receive; a send gives an empty message).
     bytes take(duration timeout = no_deadline) {
-        state().wait(timeout);
-        return state().take();
+        wait(timeout);
+        bytes b = state().take();
+        if (c_ && recv_) {
+            c_->n_received.fetch_add(1, std::memory_order_relaxed);
+            c_->received.fetch_add(b.size(), std::memory_order_relaxed);
+        }
+        return b;
     }
 
 private:
+    friend class communicator;
     request_state& state() {
         if (!s_) fail("dist: use of an empty request");
         return *s_;
     }
     std::unique_ptr<request_state> s_;
+    std::shared_ptr<detail::counters> c_;  // the communicator's counters (null: not counted)
+    bool recv_ = false;                     // a receive: take() counts the message
 };
 
 /// A group of ranks exchanging messages. Messages between one pair of ranks with one tag
@@ -121,13 +176,13 @@ public:
     request isend(int to, int tag, bytes data) {
         check_peer(to, "send to");
         check_tag(tag);
-        return post_send(to, tag, std::move(data));
+        return counted_send(to, tag, std::move(data));
     }
     /// Starts receiving the next message from `from` with `tag`.
     request irecv(int from, int tag) {
         check_peer(from, "receive from");
         check_tag(tag);
-        return post_recv(from, tag);
+        return counted_recv(from, tag);
     }
 
     /// Every rank calls it with the same `root`: the root's `data` replaces `data` on the others.
@@ -137,10 +192,10 @@ public:
         if (rank() == root) {
             std::vector<request> sent;
             for (int r = 0; r < size(); ++r)
-                if (r != root) sent.push_back(post_send(r, tags::broadcast, data));
+                if (r != root) sent.push_back(counted_send(r, tags::broadcast, data));
             for (request& q : sent) q.wait(timeout);
         } else {
-            data = post_recv(root, tags::broadcast).take(timeout);
+            data = counted_recv(root, tags::broadcast).take(timeout);
         }
     }
 
@@ -149,19 +204,25 @@ public:
     void barrier(duration timeout = no_deadline) {
         if (size() == 1) return;
         if (rank() == 0) {
-            for (int r = 1; r < size(); ++r) post_recv(r, tags::barrier_arrive).take(timeout);
+            for (int r = 1; r < size(); ++r) counted_recv(r, tags::barrier_arrive).take(timeout);
             std::vector<request> sent;
-            for (int r = 1; r < size(); ++r) sent.push_back(post_send(r, tags::barrier_release, {}));
+            for (int r = 1; r < size(); ++r) sent.push_back(counted_send(r, tags::barrier_release, {}));
             for (request& q : sent) q.wait(timeout);
         } else {
-            post_send(0, tags::barrier_arrive, {}).wait(timeout);
-            post_recv(0, tags::barrier_release).take(timeout);
+            counted_send(0, tags::barrier_arrive, {}).wait(timeout);
+            counted_recv(0, tags::barrier_release).take(timeout);
         }
     }
 
     /// Ends the whole group with `message` (printed once, naming this rank): the way out when a
     /// peer failed. MPI: MPI_Abort. Local group: every rank's waits fail; throws clover::error here.
     [[noreturn]] virtual void abort(const std::string& message) = 0;
+
+    /// This rank's counters (messages, bytes, time blocked) since construction or reset_stats().
+    /// Cheap; any thread.
+    dist::stats stats() const { return counters_->snapshot(); }
+    /// Zeroes the counters (e.g. after a warm-up).
+    void reset_stats() { counters_->reset(); }
 
 protected:
     /// Starts a send (rank and tag already checked; tags at or above user_limit are internal).
@@ -170,6 +231,22 @@ protected:
     virtual request post_recv(int from, int tag) = 0;
 
 private:
+    request counted_send(int to, int tag, bytes data) {
+        const std::size_t n = data.size();
+        request q = post_send(to, tag, std::move(data));
+        counters_->n_sent.fetch_add(1, std::memory_order_relaxed);
+        counters_->sent.fetch_add(n, std::memory_order_relaxed);
+        q.c_ = counters_;
+        return q;
+    }
+    request counted_recv(int from, int tag) {
+        request q = post_recv(from, tag);
+        q.c_ = counters_;
+        q.recv_ = true;
+        return q;
+    }
+    std::shared_ptr<detail::counters> counters_ = std::make_shared<detail::counters>();
+
     void check_peer(int r, const char* what) const {
         if (r < 0 || r >= size()) fail("dist: rank ", rank(), ": cannot ", what, " rank ", r, " (the group has ", size(), " ranks)");
     }

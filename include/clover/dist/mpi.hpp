@@ -18,6 +18,12 @@
 /// --enable-recovery it ignores the ranks' exit status): scripts must read the output there.
 /// Every rank's heartbeat thread sends a small message to every peer a few times a second; a peer
 /// silent for longer than `dead_after` is dead, whatever the rank was waiting on.
+///
+/// Progress. MPI moves a large message (above the transport's eager limit: a pipeline's rows)
+/// only while the sender calls into MPI, so a rank that starts a send and then computes would hold
+/// its peer back until its next MPI call. The same background thread therefore tests the sends in
+/// flight every `progress` interval while there are any, so that a send overlaps the computation
+/// that follows it.
 #ifndef OMPI_SKIP_MPICXX
 /// Only MPI's C API: Open MPI's deprecated C++ bindings stay out.
 #define OMPI_SKIP_MPICXX 1
@@ -161,6 +167,9 @@ struct mpi_options {
     duration heartbeat{250};
     /// A peer silent this long is dead (checked by every wait and test).
     duration dead_after{3000};
+    /// How often the background thread tests the sends in flight, while there are any (0: only
+    /// the caller's waits move them).
+    std::chrono::microseconds progress{200};
 };
 
 namespace detail {
@@ -177,6 +186,37 @@ struct mpi_core {
     mpi_options opt;
     std::mutex m;  // every MPI call on `comm` holds it (MPI_THREAD_SERIALIZED)
     std::vector<std::chrono::steady_clock::time_point> last_seen;  // per peer, under m
+
+    struct send_op {
+        MPI_Request req = MPI_REQUEST_NULL;
+        bytes data;
+        bool done = false;
+    };
+    std::vector<std::shared_ptr<send_op>> sending;  // sends in flight, for the progress thread; under m
+    // Wakes the background thread when a send starts (it then polls while sends are in flight).
+    std::mutex wake_m;
+    std::condition_variable wake_cv;
+    std::uint64_t posted = 0;  // sends started, under wake_m
+    bool stop = false;         // under wake_m
+
+    void send_started() {
+        {
+            std::lock_guard lk(wake_m);
+            ++posted;
+        }
+        wake_cv.notify_one();
+    }
+    // Under m: tests the sends in flight, forgets the finished ones; true when some remain.
+    bool progress_sends() {
+        std::erase_if(sending, [](const std::shared_ptr<send_op>& op) {
+            if (op->done) return true;
+            int flag = 0;
+            if (MPI_Test(&op->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return true;  // its owner's wait reports it
+            op->done = flag != 0;
+            return op->done;
+        });
+        return !sending.empty();
+    }
 
     struct recv_op {
         int from = 0, tag = 0;
@@ -269,22 +309,38 @@ struct mpi_core {
 
 class mpi_send final : public request_state {
 public:
-    mpi_send(std::shared_ptr<mpi_core> core, int to, int tag, bytes data) : core_(std::move(core)), to_(to), tag_(tag), data_(std::move(data)) {
-        if (data_.size() > std::size_t(std::numeric_limits<int>::max()))
-            fail("dist: rank ", core_->self, ": a message of ", data_.size(), " bytes to rank ", to, " exceeds MPI's int count");
+    mpi_send(std::shared_ptr<mpi_core> core, int to, int tag, bytes data)
+        : core_(std::move(core)), op_(std::make_shared<mpi_core::send_op>()), to_(to), tag_(tag) {
+        if (data.size() > std::size_t(std::numeric_limits<int>::max()))
+            fail("dist: rank ", core_->self, ": a message of ", data.size(), " bytes to rank ", to, " exceeds MPI's int count");
+        op_->data = std::move(data);
         static std::byte none;
-        std::lock_guard lk(core_->m);
-        core_->check(MPI_Isend(data_.empty() ? &none : data_.data(), int(data_.size()), MPI_BYTE, to, tag, core_->comm, &req_),
-                     to, "send to");
+        {
+            std::lock_guard lk(core_->m);
+            core_->check(MPI_Isend(op_->data.empty() ? &none : op_->data.data(), int(op_->data.size()), MPI_BYTE, to, tag,
+                                   core_->comm, &op_->req),
+                         to, "send to");
+            int flag = 0;
+            if (MPI_Test(&op_->req, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) {
+                op_->done = true;  // eager: nothing left to move
+                return;
+            }
+            core_->sending.push_back(op_);
+        }
+        core_->send_started();
     }
     ~mpi_send() override {
-        if (done_) return;
         std::lock_guard lk(core_->m);
+        if (op_->done) return;
         int flag = 0;
-        if (MPI_Test(&req_, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) return;
+        if (MPI_Test(&op_->req, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) {
+            op_->done = true;
+            return;
+        }
         // Still in flight (the peer never took it): let MPI finish it and keep the bytes alive.
-        MPI_Request_free(&req_);
-        new bytes(std::move(data_));  // intentionally leaked: MPI may still read it
+        MPI_Request_free(&op_->req);
+        op_->done = true;
+        new bytes(std::move(op_->data));  // intentionally leaked: MPI may still read it
     }
     bool test() override {
         std::lock_guard lk(core_->m);
@@ -295,18 +351,16 @@ public:
 
 private:
     bool poll() {  // under core_->m
-        if (done_) return true;
+        if (op_->done) return true;
         int flag = 0;
-        core_->check(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE), to_, "send to");
-        done_ = flag != 0;
-        if (!done_) core_->check_alive(to_, tag_);
-        return done_;
+        core_->check(MPI_Test(&op_->req, &flag, MPI_STATUS_IGNORE), to_, "send to");
+        op_->done = flag != 0;
+        if (!op_->done) core_->check_alive(to_, tag_);
+        return op_->done;
     }
     std::shared_ptr<mpi_core> core_;
+    std::shared_ptr<mpi_core::send_op> op_;  // shared with the progress thread while in flight
     int to_, tag_;
-    bytes data_;
-    MPI_Request req_ = MPI_REQUEST_NULL;
-    bool done_ = false;
 };
 
 class mpi_recv final : public request_state {
@@ -379,14 +433,15 @@ public:
         MPI_Comm_size(core_->comm, &core_->n);
         core_->last_seen.assign(std::size_t(core_->n), std::chrono::steady_clock::now());
         share_pids();
-        if (opt.heartbeat.count() > 0 && core_->n > 1) beat_ = std::thread([this] { heartbeat_loop(); });
+        if ((opt.heartbeat.count() > 0 || opt.progress.count() > 0) && core_->n > 1)
+            beat_ = std::thread([this] { background_loop(); });
     }
     ~mpi_communicator() override {
         {
-            std::lock_guard lk(stop_m_);
-            stop_ = true;
+            std::lock_guard lk(core_->wake_m);
+            core_->stop = true;
         }
-        stop_cv_.notify_all();
+        core_->wake_cv.notify_all();
         if (beat_.joinable()) beat_.join();
         // The duplicate communicator is freed with the last request that uses it (mpi_core).
     }
@@ -445,37 +500,50 @@ private:
         detail::mpi_n_pids = slots;
     }
 
-    void heartbeat_loop() {
+    // Heartbeats every opt.heartbeat; while sends are in flight, tests them every opt.progress.
+    void background_loop() {
+        using clock = std::chrono::steady_clock;
         static const std::byte beat{1};  // content unused; a static so freed sends never dangle
-        std::unique_lock stop_lk(stop_m_);
-        while (!stop_) {
+        const bool beats = core_->opt.heartbeat.count() > 0, progress = core_->opt.progress.count() > 0;
+        auto next_beat = clock::now();
+        std::uint64_t seen = 0;
+        std::unique_lock wake_lk(core_->wake_m);
+        while (!core_->stop) {
+            seen = core_->posted;
+            wake_lk.unlock();
+            bool busy = false;
             {
                 std::lock_guard lk(core_->m);
-                for (int r = 0; r < core_->n; ++r) {
-                    if (r == core_->self) continue;
-                    MPI_Request q;
-                    if (MPI_Isend(&beat, 1, MPI_BYTE, r, tags::heartbeat, core_->comm, &q) == MPI_SUCCESS)
-                        MPI_Request_free(&q);
+                if (beats && clock::now() >= next_beat) {
+                    for (int r = 0; r < core_->n; ++r) {
+                        if (r == core_->self) continue;
+                        MPI_Request q;
+                        if (MPI_Isend(&beat, 1, MPI_BYTE, r, tags::heartbeat, core_->comm, &q) == MPI_SUCCESS)
+                            MPI_Request_free(&q);
+                    }
+                    for (;;) {
+                        int flag = 0;
+                        MPI_Status st;
+                        if (MPI_Iprobe(MPI_ANY_SOURCE, tags::heartbeat, core_->comm, &flag, &st) != MPI_SUCCESS || !flag) break;
+                        std::byte b;
+                        if (MPI_Recv(&b, 1, MPI_BYTE, st.MPI_SOURCE, tags::heartbeat, core_->comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+                            break;
+                        core_->last_seen[std::size_t(st.MPI_SOURCE)] = clock::now();
+                    }
+                    next_beat = clock::now() + core_->opt.heartbeat;
                 }
-                for (;;) {
-                    int flag = 0;
-                    MPI_Status st;
-                    if (MPI_Iprobe(MPI_ANY_SOURCE, tags::heartbeat, core_->comm, &flag, &st) != MPI_SUCCESS || !flag) break;
-                    std::byte b;
-                    if (MPI_Recv(&b, 1, MPI_BYTE, st.MPI_SOURCE, tags::heartbeat, core_->comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-                        break;
-                    core_->last_seen[std::size_t(st.MPI_SOURCE)] = std::chrono::steady_clock::now();
-                }
+                if (progress) busy = core_->progress_sends();
             }
-            stop_cv_.wait_for(stop_lk, core_->opt.heartbeat, [this] { return stop_; });
+            wake_lk.lock();
+            if (core_->stop) break;
+            // (no time_point::max(): some libraries overflow converting it for the wait)
+            const auto until = busy ? clock::now() + core_->opt.progress : beats ? next_beat : clock::now() + std::chrono::hours(1);
+            core_->wake_cv.wait_until(wake_lk, until, [&] { return core_->stop || (progress && core_->posted != seen); });
         }
     }
 
     std::shared_ptr<detail::mpi_core> core_;
     std::thread beat_;
-    std::mutex stop_m_;
-    std::condition_variable stop_cv_;
-    bool stop_ = false;
 };
 
 }  // namespace clover::dist

@@ -9,7 +9,11 @@
 // with the model's own message and nothing is sent), then sent to every rank as one command,
 // under one lock, so every rank applies the same operations in the same order. A pass runs
 // stage 0 first, then sends the batch description to every rank and the hidden rows to rank 1;
-// the last rank sends the logits back. Answers about state come from rank 0's stage where it
+// the last rank sends the logits back. A pass of several sequences is cut into micro-batches by
+// sequence (micro_batch_cuts) that follow each other through the stages: stage 0 runs
+// micro-batch k + 1 while rank 1 runs k, every send is non-blocking, and rank 0 takes the logits
+// of each micro-batch in order. In exact mode a row's logits do not depend on the other rows of
+// its pass, so the cut changes no bit. Answers about state come from rank 0's stage where it
 // knows them (page size, pages used), from the sums the ranks reported at start (bytes of a KV
 // page, of a GDN checkpoint), or, for what a stage without GDN layers does not keep (checkpoint
 // positions), from the first rank that has GDN layers (one round trip).
@@ -20,6 +24,8 @@
 // Rank 0 checks the error reports before each operation, so a dead rank fails the next one.
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -57,7 +63,39 @@ struct pipeline_options {
     /// The longest wait for a pass's logits or a rank's reply (a stuck stage). A rank that is
     /// gone fails the wait at once, whatever this is.
     dist::duration timeout{600000};
+    /// Micro-batches a pass of several sequences is cut into (at most one per sequence); 0: one
+    /// per stage. With m micro-batches over S stages a pass takes about m + S - 1 micro-batch
+    /// times, and every stage reads its dense weights (the last also its head) once per
+    /// micro-batch: more micro-batches shorten the fill and drain of the pipeline but add weight
+    /// reads. S is the fewest with which every stage works at once at some point of the pass.
+    std::int64_t micro_batches = 0;
 };
+
+/// Where a pass is cut into micro-batches: `rows[i]` is request i's row count, in pass order; the
+/// result holds the cut points, 0 first and rows.size() last, of contiguous groups of requests
+/// with about equal rows (a request is never split). `want` groups (0: one per stage), at most
+/// one per request; one group for one stage or one request.
+inline std::vector<std::size_t> micro_batch_cuts(std::span<const std::int64_t> rows, int stages, std::int64_t want = 0) {
+    const std::size_t n = rows.size();
+    if (want < 0) fail("pipeline: ", want, " micro-batches");
+    std::size_t m = want > 0 ? std::size_t(want) : std::size_t(std::max(stages, 1));
+    if (stages <= 1 || n <= 1) m = 1;
+    m = std::min(m, n);
+    std::int64_t total = 0;
+    for (std::int64_t r : rows) total += r;
+    std::vector<std::size_t> cuts{0};
+    std::int64_t acc = 0;
+    for (std::size_t i = 0; i + 1 < n && cuts.size() < m; ++i) {
+        acc += rows[i];
+        const std::size_t closed = cuts.size();  // groups closed once this one is
+        const std::size_t left = n - (i + 1);    // requests after i
+        // Close a group once it holds its share of the rows, or when each group left needs one of
+        // the requests left.
+        if (left >= m - closed && (acc * std::int64_t(m) >= total * std::int64_t(closed) || left == m - closed)) cuts.push_back(i + 1);
+    }
+    cuts.push_back(n);
+    return cuts;
+}
 
 namespace detail {
 
@@ -69,6 +107,7 @@ struct link {
     std::vector<stage_range> split;
     std::recursive_mutex mu;  // recursive: a saved state may be let go of inside an operation
     std::string broken;       // why the pipeline stopped ("" while it works)
+    std::mutex why_mu;        // also guards `broken`, for broken(), which must not wait out a pass under mu
     int broken_stage = -1;
     bool down = false;        // shut down: no more commands
 
@@ -76,6 +115,7 @@ struct link {
     stage_error broke(int stage, const std::string& what) {
         if (stage < 0 || stage >= int(split.size())) stage = 0;
         if (broken.empty()) {
+            std::lock_guard g(why_mu);
             broken = what;
             broken_stage = stage;
         }
@@ -158,6 +198,8 @@ public:
         if (c.rank() != 0) fail("pipeline: rank ", c.rank(), " serves a stage (serve_stage); rank 0 drives the pipeline");
         link_->comm = &c;
         link_->timeout = po.timeout;
+        if (po.micro_batches < 0) fail("pipeline: ", po.micro_batches, " micro-batches per pass");
+        micro_ = po.micro_batches;
         const hparams hp = read_hparams(*file);
         link_->split = split_layers(hp.n_layer, c.size(), po.layer_split);
         try {
@@ -199,7 +241,7 @@ public:
     void require_diffusion() const { stage0_->require_diffusion(); }
     /// The failure that broke the pipeline, or "" while it works.
     std::string broken() const {
-        std::lock_guard lk(link_->mu);
+        std::lock_guard lk(link_->why_mu);
         return link_->broken;
     }
 
@@ -312,50 +354,61 @@ public:
     }
 
     /// One pass over segments of many sessions, through every stage (model::run: the same
-    /// checks, made by rank 0's stage before anything is sent). logits: [Σ logits rows, n_vocab].
+    /// checks, made on rank 0 before anything is sent). logits: [Σ logits rows, n_vocab]. Several
+    /// sessions over several stages run as micro-batches, one behind the other (options).
     void run(std::span<const pass_request> reqs, std::vector<float>& logits, bool exact = false) {
         guarded([&] {
             if (reqs.empty()) fail("run: no sequences in the pass");
             std::vector<pass_request> r0;
             std::vector<segment_desc> segs;
-            std::int64_t n_logits = 0;
             for (const pass_request& r : reqs) {
                 session& s0 = local(*r.s);
                 r0.push_back({&s0, r.kind, r.ids, r.logits, r.coreset});
                 segs.push_back({s0.pool(), s0.id(), r.kind, std::vector<token>(r.ids.begin(), r.ids.end()), r.logits, r.coreset});
-                n_logits += r.logits;
             }
-            const int n = link_->comm->size();
-            if (n == 1) {
+            if (link_->comm->size() == 1) {
                 stage0_->run(r0, logits, exact);
+                ++st_.micro_batches;
             } else {
-                // Stage 0 runs before anything is sent: its checks are the model's, and when they
-                // fail no other stage has moved.
-                stage0_->run_stage(r0, nullptr, h_, exact);
-                dist::writer w = detail::command(op::pass);
-                write_pass(w, exact, segs);
-                link_->to_all(w.take());
-                link_->comm->send(1, tags::rows, rows_message(h_), link_->timeout);
-                rows_result res;
-                try {
-                    res = read_rows(link_->comm->recv(n - 1, tags::out, link_->timeout), "logits from rank " + std::to_string(n - 1));
-                } catch (const dist::peer_error&) {
-                    throw;
-                } catch (const std::exception& e) {  // a message that cannot be read: the stages no longer agree
-                    throw link_->broke(n - 1, std::string("pipeline: ") + e.what());
-                }
-                if (!res.ok) throw link_->broke(res.stage, "pipeline: " + res.what);
-                if (std::int64_t(res.v.size()) != n_logits * n_vocab())
-                    throw link_->broke(n - 1, "pipeline: " + stage_name(n - 1, link_->split.back()) + " sent " +
-                                                  std::to_string(res.v.size()) + " logits, expected " +
-                                                  std::to_string(n_logits * n_vocab()));
-                logits = std::move(res.v);
+                stream(r0, segs, logits, exact);
             }
+            ++passes_;
             for (const pass_request& r : reqs)
                 if (r.kind != pass_kind::preview) {
                     auto& t = r.s->mutable_tokens();
                     t.insert(t.end(), r.ids.begin(), r.ids.end());
                 }
+        });
+    }
+
+    /// Passes run (run calls) since the pipeline was made.
+    std::uint64_t passes() const {
+        std::lock_guard lk(link_->mu);
+        return passes_;
+    }
+    /// Rank 0's counters: its communicator's, and its stage's micro-batches, rows and time.
+    rank_stats stats() const {
+        std::lock_guard lk(link_->mu);
+        rank_stats s = st_;
+        s.comm = link_->comm->stats();
+        return s;
+    }
+    /// Every rank's counters, by rank: rank 0's (stats()) and each other rank's answer (one round
+    /// trip per rank). A benchmark takes them before and after what it measures.
+    std::vector<rank_stats> gather_stats() {
+        return guarded([&] {
+            std::vector<rank_stats> v{stats()};
+            const dist::bytes q = detail::command(op::stats).take();
+            for (int r = 1; r < link_->comm->size(); ++r) {
+                link_->comm->send(r, tags::command, q, link_->timeout);
+                const dist::bytes b = link_->comm->recv(r, tags::reply, link_->timeout);
+                dist::reader rd(b, kinds::reply, "stats from rank " + std::to_string(r));
+                if (op(rd.u8()) != op::stats) fail("pipeline: rank ", r, " answered another query");
+                if (rd.u8() == 0) throw link_->broke(r, "pipeline: " + rd.str());
+                v.push_back(read_stats(rd));
+                rd.finish();
+            }
+            return v;
         });
     }
 
@@ -393,6 +446,98 @@ private:
             } catch (const std::exception& e) {
                 throw link_->broke(r, "pipeline: " + stage_name(r, link_->split[i + 1]) + ": " + e.what());
             }
+        }
+    }
+
+    // Stage 0's layers over one micro-batch, counted.
+    void run_first(std::span<const pass_request> part, bool exact) {
+        const auto t0 = std::chrono::steady_clock::now();
+        stage0_->run_stage(part, nullptr, h_, exact);
+        st_.compute += std::chrono::steady_clock::now() - t0;
+        ++st_.micro_batches;
+        for (const pass_request& r : part) st_.rows += r.ids.size();
+    }
+
+    // A pass over two or more stages: its micro-batches one behind the other. Stage 0 runs a
+    // micro-batch, then its description goes to every rank and its rows to rank 1, both without
+    // waiting, and stage 0 goes on to the next one while rank 1 runs it; the last rank's logits of
+    // each micro-batch come back in order (their receives are posted first).
+    void stream(std::span<const pass_request> r0, std::span<const segment_desc> segs, std::vector<float>& logits, bool exact) {
+        const int n = link_->comm->size(), last = n - 1;
+        std::vector<std::int64_t> rows;
+        for (const segment_desc& d : segs) rows.push_back(std::int64_t(d.ids.size()));
+        const std::vector<std::size_t> cuts = micro_batch_cuts(rows, n, micro_);
+        const std::size_t m = cuts.size() - 1;
+        // One micro-batch: stage 0's own checks come first, as before any pass. Several: the whole
+        // pass is checked before the first one leaves, so bad input moves no stage.
+        if (m > 1) precheck(r0);
+        std::vector<dist::request> outs, sends;
+        for (std::size_t k = 0; k < m; ++k) outs.push_back(link_->comm->irecv(last, tags::out));
+        std::vector<std::int64_t> want(m, 0);  // logits rows of each micro-batch
+        std::int64_t n_logits = 0;
+        for (std::size_t k = 0; k < m; ++k) {
+            const std::span<const pass_request> part = r0.subspan(cuts[k], cuts[k + 1] - cuts[k]);
+            const std::span<const segment_desc> desc = segs.subspan(cuts[k], cuts[k + 1] - cuts[k]);
+            for (const segment_desc& d : desc) want[k] += d.logits;
+            n_logits += want[k];
+            try {
+                run_first(part, exact);
+            } catch (const std::exception& e) {
+                if (k == 0) throw;  // nothing sent: no stage moved
+                throw link_->broke(0, "pipeline: " + stage_name(0, link_->split[0]) + " failed in micro-batch " + std::to_string(k + 1) +
+                                          " of " + std::to_string(m) + ", after the others had left: " + e.what());
+            }
+            dist::writer w = detail::command(op::pass);
+            write_pass(w, exact, desc);
+            const dist::bytes cmd = w.take();
+            for (int r = 1; r < n; ++r) sends.push_back(link_->comm->isend(r, tags::command, cmd));
+            sends.push_back(link_->comm->isend(1, tags::rows, rows_message(h_)));
+            std::erase_if(sends, [](dist::request& q) { return q.test(); });
+        }
+        const std::int64_t nv = n_vocab();
+        if (m > 1) logits.resize(std::size_t(n_logits * nv));
+        std::size_t at = 0;
+        for (std::size_t k = 0; k < m; ++k) {
+            rows_result res;
+            try {
+                res = read_rows(outs[k].take(link_->timeout), "logits from rank " + std::to_string(last));
+            } catch (const dist::peer_error&) {
+                throw;
+            } catch (const std::exception& e) {  // a message that cannot be read: the stages no longer agree
+                throw link_->broke(last, std::string("pipeline: ") + e.what());
+            }
+            if (!res.ok) throw link_->broke(res.stage, "pipeline: " + res.what);
+            if (std::int64_t(res.v.size()) != want[k] * nv)
+                throw link_->broke(last, "pipeline: " + stage_name(last, link_->split.back()) + " sent " + std::to_string(res.v.size()) +
+                                             " logits, expected " + std::to_string(want[k] * nv));
+            if (m == 1) {
+                logits = std::move(res.v);
+            } else {
+                std::copy(res.v.begin(), res.v.end(), logits.begin() + std::ptrdiff_t(at));
+                at += res.v.size();
+            }
+        }
+        for (dist::request& q : sends) q.wait(link_->timeout);
+    }
+
+    // model::run's checks over the whole pass, with its messages, on rank 0's sessions: with
+    // micro-batches a request that stage 0 would refuse must fail before the first one leaves.
+    void precheck(std::span<const pass_request> r0) {
+        const int pool = r0[0].s->pool();
+        const std::int64_t nv = n_vocab();
+        for (std::size_t i = 0; i < r0.size(); ++i) {
+            const pass_request& r = r0[i];
+            const session& s = *r.s;
+            if (s.pool() != pool) fail("run: sessions with different KV formats cannot share a pass");
+            for (std::size_t k = 0; k < r.ids.size(); ++k)
+                if (r.ids[k] < 0 || r.ids[k] >= nv) fail("token id ", r.ids[k], " at position ", k, " is out of range [0, ", nv, ")");
+            const std::int64_t n = std::int64_t(r.ids.size());
+            if (n < 1) fail(pass_name(r.kind), " pass: no rows");
+            if (s.n_past() + n > s.n_ctx()) fail("context full: ", s.n_past(), " + ", n, " tokens exceed the context size ", s.n_ctx());
+            if (r.kind == pass_kind::preview) stage0_->require_diffusion();
+            if (r.logits < 0 || r.logits > n) fail("batch: a segment of ", n, " rows cannot give ", r.logits, " logits rows");
+            for (std::size_t j = 0; j < i; ++j)
+                if (r0[j].s->id() == s.id()) fail("batch: sequence ", s.id(), " has two segments in one pass");
         }
     }
 
@@ -493,6 +638,9 @@ private:
     int gdn_rank_ = -1;  // the first rank whose stage keeps GDN states (-1: none)
     std::uint64_t next_saved_ = 0;
     std::vector<float> h_;  // stage 0's rows [rows, n_embd]
+    std::int64_t micro_ = 0;    // pipeline_options::micro_batches
+    std::uint64_t passes_ = 0;  // run calls
+    rank_stats st_;             // stage 0's work (the communicator's counters are added by stats())
 };
 
 }  // namespace clover::pipeline

@@ -10,13 +10,16 @@
 // checks before each operation. A pass is a command too (the batch description); then the hidden
 // rows go rank to rank on the rows tag and the last rank sends the logits to rank 0 on the out
 // tag. A rank that fails inside a pass sends its error down the chain in place of the rows, so
-// the rank waiting on it never waits in vain.
+// the rank waiting on it never waits in vain. A step of many sequences is several passes in a row
+// (micro-batches, pipeline.hpp), each its own command and rows: a rank runs them as they come.
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "clover/core/pass.hpp"
+#include "clover/dist/communicator.hpp"
 #include "clover/dist/message.hpp"
 
 namespace clover::pipeline {
@@ -47,7 +50,8 @@ enum class op : std::uint8_t {
     drop_saved,   ///< a saved state's last holder let go
     pass,         ///< run a pass (the batch description follows)
     checkpoints,  ///< query: a session's checkpoint positions (replied)
-    shutdown      ///< serve_stage returns
+    shutdown,     ///< serve_stage returns
+    stats         ///< query: the rank's counters (replied)
 };
 
 /// Message kinds (the dist::writer kind of each message).
@@ -133,5 +137,32 @@ struct stage_info {
     std::uint64_t checkpoint_bytes = 0;   ///< bytes of one GDN checkpoint of its layers
     std::int64_t page_size = 0;           ///< tokens per KV page
 };
+
+/// What one rank has done (pipeline::gather_stats): its communicator's counters and its stage's work.
+struct rank_stats {
+    dist::stats comm;                     ///< messages, bytes and time blocked on its communicator
+    std::uint64_t micro_batches = 0;      ///< passes of its layers (one per micro-batch)
+    std::uint64_t rows = 0;               ///< rows those passes ran
+    std::chrono::nanoseconds compute{0};  ///< time in its layers
+};
+
+/// Appends a rank's counters to a message.
+inline void write_stats(dist::writer& w, const rank_stats& s) {
+    w.u64(s.comm.messages_sent).u64(s.comm.bytes_sent).u64(s.comm.messages_received).u64(s.comm.bytes_received)
+        .i64(s.comm.waited.count()).u64(s.micro_batches).u64(s.rows).i64(s.compute.count());
+}
+/// Reads what write_stats wrote.
+inline rank_stats read_stats(dist::reader& rd) {
+    rank_stats s;
+    s.comm.messages_sent = rd.u64();
+    s.comm.bytes_sent = rd.u64();
+    s.comm.messages_received = rd.u64();
+    s.comm.bytes_received = rd.u64();
+    s.comm.waited = std::chrono::nanoseconds(rd.i64());
+    s.micro_batches = rd.u64();
+    s.rows = rd.u64();
+    s.compute = std::chrono::nanoseconds(rd.i64());
+    return s;
+}
 
 }  // namespace clover::pipeline

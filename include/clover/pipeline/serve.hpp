@@ -12,6 +12,11 @@
 // not answer) reports it to rank 0 and keeps serving in a failed mode: it runs nothing more, but
 // still passes a failure down the chain for each pass, so no rank waits for rows that will never
 // come, and it returns at shutdown with the error.
+//
+// Micro-batches (pipeline.hpp) arrive as passes back to back: each pass's rows (or logits) leave
+// with a non-blocking send, so this rank goes on to the next micro-batch while they travel.
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -63,9 +68,16 @@ public:
             const dist::bytes b = c_.recv(0, tags::command);
             dist::reader rd(b, kinds::command, "command from rank 0 to " + name());
             const op o = op(rd.u8());
-            if (o == op::shutdown) return failed_;
+            if (o == op::shutdown) {
+                finish_sends();
+                return failed_;
+            }
             if (o == op::pass) {
                 pass(rd);
+                continue;
+            }
+            if (o == op::stats) {  // answered in a failed mode too: the counters still mean something
+                reply_stats(rd);
                 continue;
             }
             if (!failed_.empty()) {
@@ -268,6 +280,44 @@ private:
                 o_.timeout);
     }
 
+    void reply_stats(dist::reader& rd) {
+        try {
+            rd.finish();
+            rank_stats st = st_;
+            st.comm = c_.stats();
+            dist::writer w(kinds::reply);
+            w.u8(std::uint8_t(op::stats)).u8(1);
+            write_stats(w, st);
+            c_.send(0, tags::reply, w.take(), o_.timeout);
+        } catch (const dist::peer_error&) {  // rank 0 gone: its own wait says so
+        } catch (const std::exception& e) {
+            fail_with(e.what());
+            reply_error(op::stats, failed_);
+        }
+    }
+
+    // Forgets the sends that completed; a send that can no longer complete fails this stage.
+    void reap_sends() {
+        std::erase_if(sends_, [this](dist::request& q) {
+            try {
+                return q.test();
+            } catch (const dist::peer_error& e) {  // the next stage is gone: rank 0 finds out from it
+                fail_with(e.what());
+                return true;
+            }
+        });
+    }
+    // At shutdown: the last sends complete (rank 0 has taken every logits message by then).
+    void finish_sends() {
+        for (dist::request& q : sends_) {
+            try {
+                q.wait(std::min(o_.timeout, dist::duration(5000)));
+            } catch (const dist::peer_error&) {
+            }
+        }
+        sends_.clear();
+    }
+
     void reply_error(op o, const std::string& what) {
         try {
             dist::writer w(kinds::reply);
@@ -314,16 +364,25 @@ private:
         } else {
             try {
                 std::vector<pass_request> reqs;
-                for (const segment_desc& s : segs) reqs.push_back({&seq(s.pool, s.id), s.kind, s.ids, s.logits, s.coreset});
+                std::uint64_t rows = 0;
+                for (const segment_desc& s : segs) {
+                    reqs.push_back({&seq(s.pool, s.id), s.kind, s.ids, s.logits, s.coreset});
+                    rows += s.ids.size();
+                }
+                const auto t0 = std::chrono::steady_clock::now();
                 m_.run_stage(reqs, in.v.data(), h_, exact);
+                st_.compute += std::chrono::steady_clock::now() - t0;
+                ++st_.micro_batches;
+                st_.rows += rows;
                 out = rows_message(h_);
             } catch (const std::exception& e) {
                 fail_with(e.what());
                 out = failed_rows_message(r_, failed_);
             }
         }
-        try {
-            c_.send(to, tag, out, o_.timeout);
+        reap_sends();
+        try {  // not waited for: the next micro-batch's command may be here already
+            sends_.push_back(c_.isend(to, tag, std::move(out)));
         } catch (const dist::peer_error& e) {  // the next stage is gone: rank 0 finds out from it
             fail_with(e.what());
         }
@@ -338,6 +397,8 @@ private:
     std::map<std::pair<std::int32_t, std::int32_t>, std::vector<std::int32_t>> held_;  // rank 0's page -> ours (per hold)
     std::map<std::uint64_t, typename Model::saved_state> saved_;            // by rank 0's handle
     std::vector<float> h_;  // [rows, n_embd] or the logits
+    std::vector<dist::request> sends_;  // rows or logits on their way to the next rank
+    rank_stats st_;                     // this stage's work (the communicator's counters are added on query)
 };
 
 }  // namespace detail
