@@ -11,7 +11,9 @@
 //   progress   rank 0 starts a 4 MB send and then computes (sleeps) without calling MPI: the
 //              communicator's progress thread must move it, so rank 1 has it long before rank 0
 //              waits; the counters (stats) count its bytes and rank 1's time blocked
-//   progress-off  the same with the progress thread's polling off: it fails (shows the test can)
+//   progress-off  the same with the progress thread's polling off: rank 1 reports how long the
+//              message waited (ctest expects "waited for its sender's next MPI call": the check
+//              of `progress` can fail)
 // Exit status 0 when every check held on every rank.
 #include <chrono>
 #include <csignal>
@@ -103,7 +105,10 @@ void ring(mpi_communicator& c, int die_at_round) {
     for (request& q : sent) q.wait(patience);
 }
 
-void progress(mpi_communicator& c) {
+// expect_progress false (progress-off): the wait is reported, not checked, so the job ends
+// normally either way (a rank aborting while the other finalizes made Open MPI's mpirun hang);
+// ctest matches the report.
+void progress(mpi_communicator& c, bool expect_progress) {
     const int me = c.rank();
     constexpr std::size_t size = std::size_t(4) << 20;  // far above any eager limit
     constexpr auto busy = std::chrono::milliseconds(800);
@@ -119,8 +124,13 @@ void progress(mpi_communicator& c) {
         const bytes b = c.recv(0, 3, patience);
         const auto took = std::chrono::steady_clock::now() - t0;
         check(b.size() == size && b.back() == std::byte{7}, me, "the large message");
-        check(took < busy / 2, me, "the large message waited for its sender's next MPI call (" +
-                                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) + " ms)");
+        const std::string ms = std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) + " ms";
+        if (expect_progress) check(took < busy / 2, me, "the large message waited for its sender's next MPI call (" + ms + ")");
+        else
+            std::printf("mpi_driver progress-off: rank 1: %s\n",
+                        (took < busy / 2 ? "the large message arrived while its sender computed (" + ms + ")"
+                                         : "the large message waited for its sender's next MPI call (" + ms + ")")
+                            .c_str());
         const stats s = c.stats();
         check(s.bytes_received - before.bytes_received == size && s.messages_received - before.messages_received == 1, me,
               "bytes received counted");
@@ -167,7 +177,7 @@ int main(int argc, char** argv) {
     try {
         if (mode == "ring") ring(c, -1);
         else if (mode == "broadcast") broadcast(c);
-        else if (mode == "progress" || mode == "progress-off") progress(c);
+        else if (mode == "progress" || mode == "progress-off") progress(c, mode == "progress");
         else if (mode == "killed" || mode == "killed-without-heartbeats") ring(c, 3);
         else c.abort("mpi_driver: unknown mode '" + mode + "' (ring, broadcast, killed, progress)");
     } catch (const peer_error& e) {
